@@ -1,0 +1,53 @@
+"""Make a local base image from Debian with debootstrap, for hosts that cannot pull."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from envbuild.engine import Engine
+from envbuild.errors import BadInput, EnvbuildError
+
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def default_tag(suite: str) -> str:
+    """The reference a bootstrapped suite gets unless told otherwise."""
+    return f"envbuild/base:{suite}"
+
+
+def bootstrap_base(
+    engine: Engine, *, suite: str, tag: str, mirror: str = DEFAULT_MIRROR, force: bool = False
+) -> tuple[str, bool]:
+    """debootstrap a minimal `suite` and import it as `tag`; return (image id, created)."""
+    existing = engine.image(tag)
+    if existing is not None and not force:
+        return existing.id, False
+    if shutil.which("debootstrap") is None:
+        raise BadInput("debootstrap is not installed; run `apt-get install -y debootstrap` (as root)")
+    with tempfile.TemporaryDirectory(prefix="envbuild-rootfs-") as tmp:
+        root = Path(tmp) / "rootfs"
+        result = subprocess.run(
+            ["debootstrap", "--variant=minbase", suite, str(root), mirror],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            tail = " | ".join(result.stdout.strip().splitlines()[-3:] + result.stderr.strip().splitlines()[-3:])
+            raise EnvbuildError(f"debootstrap {suite} from {mirror} failed (exit {result.returncode}): {tail}")
+        with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as tar:
+            assert tar.stdout is not None
+            image_id = engine.import_rootfs(
+                tar.stdout,
+                tag,
+                changes=[
+                    f'LABEL org.envbuild.base="debian-{suite}"',
+                    'CMD ["/bin/bash"]',
+                ],
+            )
+        if tar.returncode not in (0, None):
+            raise EnvbuildError(f"tar of the {suite} root filesystem failed (exit {tar.returncode})")
+    return image_id, True

@@ -1,0 +1,121 @@
+"""Build entries: check the base, render, skip what already exists by content hash, build, tag."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from envbuild import __version__
+from envbuild.engine import Engine
+from envbuild.errors import BadInput, BuildFailed
+from envbuild.models import BaseProbe, BuildContext, BuildOptions, BuiltImage, Entry, Knowledge
+from envbuild.render import render_entry, write_context
+
+log = logging.getLogger(__name__)
+
+HASH_LABEL = "org.envbuild.content-hash"
+# Builder stages stay as untagged images: they are the layer cache of the next build.
+STAGE_LABEL = "org.envbuild.stage=builder"
+
+
+def log_dir() -> Path:
+    """Where the full build log of each entry is kept."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "envbuild" / "logs"
+
+
+def check_base(knowledge: Knowledge, entry: Entry, probe: BaseProbe) -> None:
+    """Refuse a base whose Python or OS cannot give this entry what it asks for."""
+    if probe.python is not None:
+        if probe.python != entry.python:
+            raise BadInput(
+                f"base image {probe.ref} brings Python {probe.python}, but {entry.id} needs "
+                f"{entry.python}; use --python {probe.python} or a base with Python {entry.python}"
+            )
+        return
+    base = knowledge.os_bases.get(entry.os)
+    if base is None or probe.os_codename != base.codename:
+        raise BadInput(
+            f"base image {probe.ref} is {probe.os_id} {probe.os_codename} without python3, but "
+            f"{entry.id} is for {entry.os}; pass --os matching the base, or a base with Python "
+            f"{entry.python}"
+        )
+    if base.python != entry.python:
+        raise BadInput(
+            f"base image {probe.ref} has no python3 and {entry.os} provides Python {base.python}, "
+            f"but {entry.id} needs {entry.python}; use --python {base.python}"
+        )
+
+
+def prepare(
+    engine: Engine, knowledge: Knowledge, entry: Entry, options: BuildOptions
+) -> BuildContext:
+    """Probe the base image, check it fits the entry, and render the build context."""
+    base_ref = options.base_image or entry.base_image
+    probe = engine.probe_base(base_ref)
+    check_base(knowledge, entry, probe)
+    return render_entry(entry, options, probe)
+
+
+def build_entry(
+    engine: Engine,
+    context: BuildContext,
+    *,
+    on_line: Callable[[str], None] = lambda line: None,
+) -> BuiltImage:
+    """Build one rendered entry, or find the image its content hash names; tag it either way."""
+    entry = context.entry
+    start = time.monotonic()
+    existing = engine.find_by_label(HASH_LABEL, context.content_hash)
+    if existing is not None:
+        if entry.image not in existing.tags:
+            engine.tag(existing.id, entry.image)
+        return BuiltImage(
+            entry=entry,
+            id=existing.id,
+            tags=tuple(dict.fromkeys((*existing.tags, entry.image))),
+            built=False,
+            log_path=None,
+            seconds=time.monotonic() - start,
+        )
+    logs = log_dir()
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{entry.id}.log"
+    labels = {
+        **context.labels,
+        "org.envbuild.version": __version__,
+        "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="envbuild-") as tmp,
+        log_path.open("w", encoding="utf-8") as log_file,
+    ):
+        write_context(context, Path(tmp))
+
+        def record(line: str) -> None:
+            log_file.write(line + "\n")
+            on_line(line)
+
+        try:
+            image_id = engine.build(
+                Path(tmp),
+                tag=entry.image,
+                labels=labels,
+                build_args=context.build_args,
+                on_line=record,
+            )
+        except BuildFailed as exc:
+            raise BuildFailed(f"{entry.id}: build failed: {exc.message} (full log: {log_path})") from exc
+    return BuiltImage(
+        entry=entry,
+        id=image_id,
+        tags=(entry.image,),
+        built=True,
+        log_path=log_path,
+        seconds=time.monotonic() - start,
+    )

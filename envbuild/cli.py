@@ -1,0 +1,302 @@
+"""Command line: parse options, call the library, turn errors into exit codes.
+
+Heavy modules (docker, jinja2, the knowledge base) are imported inside the commands so that
+`envbuild --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from envbuild import __version__
+from envbuild.errors import EXIT_FAILED, EnvbuildError
+
+if TYPE_CHECKING:
+    from envbuild.matrix import Matrix
+    from envbuild.models import Knowledge, Plan, Selection
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, code: int) -> None:
+    for line in message.splitlines():
+        click.echo(f"envbuild: error: {line}", err=True)
+    sys.exit(code)
+
+
+def reports_errors(func: F) -> F:
+    """Turn EnvbuildError into its message on stderr and its exit code; never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except EnvbuildError as exc:
+            _fail(exc.message, exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def selectors(func: F) -> F:
+    """The options every entry-picking command shares."""
+    options = [
+        click.option("-m", "--matrix", "matrix_file", type=click.Path(path_type=Path),
+                     help="Matrix file (default: every release in the knowledge base)."),
+        click.option("--os", "os_name", metavar="OS", help="OS base, e.g. bookworm."),
+        click.option("--python", metavar="X.Y", help="Python version, e.g. 3.11."),
+        click.option("--cuda", metavar="VER", help="'cpu', a major ('12': every 12.x) or '12.1'."),
+        click.option("--framework-version", metavar="PREFIX", help="Release or prefix: '2.1' matches 2.1.x."),
+        click.option("--framework", metavar="NAME", help="Framework, e.g. torch."),
+    ]
+    for option in options:
+        func = option(func)
+    return func
+
+
+def _selection(kwargs: dict[str, Any]) -> Selection:
+    from envbuild.models import Selection
+
+    cuda = kwargs.pop("cuda")
+    if cuda is not None and cuda.lower().startswith("cu") and cuda.lower() != "cpu":
+        cuda = cuda[2:]  # accept 'cu121' too
+    return Selection(
+        framework=kwargs.pop("framework"),
+        framework_version=kwargs.pop("framework_version"),
+        cuda=cuda.lower() if cuda else None,
+        python=kwargs.pop("python"),
+        os=kwargs.pop("os_name"),
+    )
+
+
+def _plan(
+    kwargs: dict[str, Any], *, driver: str | None = None, newest_only: bool = False
+) -> tuple[Knowledge, Matrix, Plan]:
+    from envbuild.knowledge import load_knowledge
+    from envbuild.matrix import (
+        default_matrix_path,
+        knowledge_matrix,
+        load_matrix,
+        make_plan,
+        require_entries,
+    )
+
+    knowledge = load_knowledge()
+    selection = _selection(kwargs)
+    matrix_file = kwargs.pop("matrix_file")
+    if matrix_file is not None:
+        matrix = load_matrix(matrix_file, knowledge)
+    else:
+        defaults = load_matrix(default_matrix_path(), knowledge)
+        matrix = knowledge_matrix(knowledge, selection, defaults)
+        newest_only = newest_only and selection.framework_version is None
+    plan = make_plan(knowledge, matrix, selection, driver=driver, newest_only=newest_only)
+    require_entries(plan, matrix, selection)
+    return knowledge, matrix, plan
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="envbuild")
+@click.option("-v", "--verbose", is_flag=True, help="Show debug logging.")
+def main(verbose: bool) -> None:
+    """Build GPU training images from a compatibility matrix and prove they train."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="envbuild: %(levelname)s: %(message)s",
+    )
+
+
+@main.command()
+@selectors
+@click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@reports_errors
+def plan(driver: str | None, fmt: str, **kwargs: Any) -> None:
+    """Show what would be built, and what cannot be and why."""
+    from envbuild.report import plan_document, plan_table
+
+    if driver is not None:
+        _check_driver(driver)
+    _, _, result = _plan(kwargs, driver=driver)
+    if fmt == "json":
+        click.echo(json.dumps(plan_document(result), indent=2))
+    else:
+        click.echo("\n".join(plan_table(result)))
+
+
+def _check_driver(driver: str) -> None:
+    import re
+
+    from envbuild.errors import BadInput
+
+    if not re.fullmatch(r"\d+(\.\d+){0,2}", driver):
+        raise BadInput(f"--driver {driver!r} is not a driver version (e.g. 535.104.05)")
+
+
+def _build_options(kwargs: dict[str, Any]) -> Any:
+    from envbuild.models import BuildOptions
+
+    return BuildOptions(
+        base_image=kwargs.pop("base_image", None),
+        ca_bundle=kwargs.pop("ca_bundle", None),
+        wheelhouse=kwargs.pop("wheelhouse", None),
+        index_url=kwargs.pop("index_url", None),
+        extra_index_urls=tuple(kwargs.pop("extra_index_url", ()) or ()),
+        offline=kwargs.pop("offline", False),
+    )
+
+
+def fetch_options(func: F) -> F:
+    """Options that say where a build fetches packages from."""
+    options = [
+        click.option("--offline", is_flag=True, help="Install only from --wheelhouse; use no index."),
+        click.option("--extra-index-url", multiple=True, metavar="URL", help="Extra pip index (repeatable)."),
+        click.option("--index-url", metavar="URL", help="pip index to use instead of PyPI (a mirror)."),
+        click.option("--wheelhouse", type=click.Path(path_type=Path), help="Folder of wheels pip may use."),
+        click.option("--ca-bundle", type=click.Path(path_type=Path),
+                     help="CA bundle for a TLS-intercepting proxy or private index."),
+        click.option("--base-image", metavar="REF", help="Base image instead of the entry's default."),
+    ]
+    for option in options:
+        func = option(func)
+    return func
+
+
+@main.command()
+@selectors
+@fetch_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="Folder to write one build context per entry into.")
+@reports_errors
+def render(output: Path, **kwargs: Any) -> None:
+    """Write each entry's Dockerfile and build context for review (no Docker needed)."""
+    from envbuild.render import render_entry, write_context
+
+    options = _build_options(kwargs)
+    _, _, result = _plan(kwargs, newest_only=False)
+    for entry in result.entries:
+        context = render_entry(entry, options)
+        directory = write_context(context, output / entry.id)
+        click.echo(f"{entry.id}: {directory / 'Dockerfile'}")
+
+
+@main.command()
+@selectors
+@fetch_options
+@click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")
+@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
+              help="GPUs for the smoke test.")
+@click.option("--report", "report_file", type=click.Path(path_type=Path), help="Write a JSON report here.")
+@reports_errors
+def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) -> None:
+    """Build images for the selected entries, then smoke-test them.
+
+    Without --framework-version the newest release that fits the other selectors is built.
+    """
+    from envbuild.build import build_entry, prepare
+    from envbuild.engine import Engine
+    from envbuild.report import EntryResult, build_document, smoke_lines, write_json
+    from envbuild.smoke import smoke_image
+
+    options = _build_options(kwargs)
+    knowledge, _, result = _plan(kwargs, newest_only=True)
+    engine = Engine.connect()
+    contexts = [prepare(engine, knowledge, entry, options) for entry in result.entries]
+    results: list[EntryResult] = []
+    total = len(contexts)
+    for number, context in enumerate(contexts, start=1):
+        entry = context.entry
+        prefix = f"[{number}/{total}] {entry.id}"
+        click.echo(f"{prefix}: building {entry.image} from {context.base_image}", err=True)
+
+        def show(line: str, prefix: str = prefix) -> None:
+            if line.startswith("Step "):
+                click.echo(f"{prefix}: {line[:160]}", err=True)
+
+        try:
+            built = build_entry(engine, context, on_line=show)
+        except EnvbuildError as exc:
+            click.echo(f"{prefix}: FAILED: {exc.message}", err=True)
+            results.append(EntryResult(entry=entry, image=None, smoke=None, error=exc.message))
+            continue
+        if built.built:
+            click.echo(f"{prefix}: built {built.id[:19]} in {built.seconds:.1f}s (log: {built.log_path})", err=True)
+        else:
+            click.echo(f"{prefix}: already built as {built.id[:19]} (same content hash); not rebuilt", err=True)
+        smoke = None
+        if not no_smoke:
+            click.echo(f"{prefix}: smoke test", err=True)
+            smoke = smoke_image(engine, built.id, gpus=gpus)
+            smoke = _named(smoke, entry.image)
+            click.echo("\n".join(smoke_lines(smoke)), err=True)
+        results.append(EntryResult(entry=entry, image=built, smoke=smoke, error=None))
+    if report_file is not None:
+        write_json(report_file, build_document(results))
+    passed = sum(r.passed for r in results)
+    click.echo(f"{passed}/{len(results)} entries passed", err=True)
+    if passed != len(results):
+        sys.exit(EXIT_FAILED)
+
+
+def _named(smoke: Any, ref: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(smoke, image=ref)
+
+
+@main.command()
+@click.argument("image")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True)
+@click.option("--timeout", type=click.IntRange(10, 7200), default=600, show_default=True,
+              help="Seconds before the payload is killed.")
+@reports_errors
+def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
+    """Prove IMAGE trains and all-reduces: run the smoke payload inside it."""
+    from envbuild.engine import Engine
+    from envbuild.report import smoke_lines
+    from envbuild.smoke import smoke_image
+
+    engine = Engine.connect()
+    result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        click.echo("\n".join(smoke_lines(result)))
+    if not result.passed:
+        failed = ", ".join(c.detail for c in result.checks if not c.passed)
+        click.echo(f"envbuild: smoke test of {image} failed: {failed}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+@main.group()
+def base() -> None:
+    """Local base images for hosts that cannot pull."""
+
+
+@base.command("bootstrap")
+@click.option("--suite", default="bookworm", show_default=True, help="Debian suite.")
+@click.option("--tag", metavar="REF", help="Image reference [default: envbuild/base:SUITE].")
+@click.option("--mirror", default="http://deb.debian.org/debian", show_default=True)
+@click.option("--force", is_flag=True, help="Rebuild even if the tag exists.")
+@reports_errors
+def base_bootstrap(suite: str, tag: str | None, mirror: str, force: bool) -> None:
+    """Make a minimal Debian base image with debootstrap and docker import."""
+    from envbuild.base import bootstrap_base, default_tag
+    from envbuild.engine import Engine
+
+    engine = Engine.connect()
+    ref = tag or default_tag(suite)
+    image_id, created = bootstrap_base(engine, suite=suite, tag=ref, mirror=mirror, force=force)
+    state = "created" if created else "already present"
+    click.echo(f"{ref} {state}: {image_id}")

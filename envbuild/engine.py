@@ -1,0 +1,285 @@
+"""The only module that talks to Docker: build, run, inspect, tag, import, remove."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import docker
+import docker.errors
+import requests
+from docker.types import DeviceRequest
+
+from envbuild.errors import BuildFailed, EngineUnavailable, EnvbuildError
+from envbuild.models import BaseProbe
+
+log = logging.getLogger(__name__)
+
+_PROBE_SCRIPT = (
+    '. /etc/os-release 2>/dev/null; echo "os=${ID:-unknown} ${VERSION_CODENAME:-unknown}"; '
+    "if command -v python3 >/dev/null 2>&1; then "
+    "python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])'; fi"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    """What the engine knows about one local image."""
+
+    id: str
+    tags: tuple[str, ...]
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """Exit code and output of a container that has been removed."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    seconds: float
+
+
+class Engine:
+    """A connected Docker engine."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self._client = client
+
+    @classmethod
+    def connect(cls) -> Engine:
+        """Connect using DOCKER_HOST or the default socket; EngineUnavailable if it does not answer."""
+        try:
+            client = docker.from_env(timeout=600)
+            client.ping()
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise EngineUnavailable(
+                "cannot reach the Docker engine (DOCKER_HOST or /var/run/docker.sock): "
+                f"{_short(exc)}; start dockerd (e.g. `sudo dockerd &`) or set DOCKER_HOST"
+            ) from exc
+        return cls(client)
+
+    def version(self) -> str:
+        """The engine's version string."""
+        return str(self._client.version().get("Version", "unknown"))
+
+    def has_nvidia_runtime(self) -> bool:
+        """True when the engine can hand GPUs to containers (NVIDIA runtime or CDI)."""
+        info = self._client.info()
+        runtimes = info.get("Runtimes") or {}
+        return "nvidia" in runtimes or bool(info.get("CDISpecDirs"))
+
+    # -- images -------------------------------------------------------------
+
+    def image(self, ref: str) -> ImageInfo | None:
+        """The local image `ref` names, or None."""
+        try:
+            image = self._client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if exc.status_code in (400, 404):  # an invalid reference cannot exist locally
+                return None
+            raise
+        return _info(image)
+
+    def find_by_label(self, key: str, value: str) -> ImageInfo | None:
+        """The newest local image carrying label key=value, or None."""
+        images = self._client.images.list(filters={"label": f"{key}={value}"})
+        if not images:
+            return None
+        images.sort(key=lambda i: str(i.attrs.get("Created", "")), reverse=True)
+        return _info(images[0])
+
+    def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]:
+        """Every local image carrying the label (with that value, if given)."""
+        selector = key if value is None else f"{key}={value}"
+        return [_info(i) for i in self._client.images.list(filters={"label": selector})]
+
+    def tag(self, image_id: str, ref: str) -> None:
+        """Point `ref` (repo:tag) at the image."""
+        repository, _, tag = ref.rpartition(":")
+        if not repository or "/" in tag:
+            repository, tag = ref, "latest"
+        self._client.images.get(image_id).tag(repository, tag)
+
+    def remove_image(self, ref: str, *, force: bool = True) -> None:
+        """Remove an image if it exists."""
+        try:
+            self._client.images.remove(ref, force=force, noprune=False)
+        except docker.errors.ImageNotFound:
+            pass
+
+    def prune_dangling(self, label: str) -> None:
+        """Remove untagged images carrying `label` (the builder stages envbuild leaves behind)."""
+        self._client.images.prune(filters={"dangling": True, "label": label})
+
+    def build(
+        self,
+        context_dir: Path,
+        *,
+        tag: str,
+        labels: dict[str, str],
+        build_args: dict[str, str],
+        on_line: Callable[[str], None],
+    ) -> str:
+        """Build with the classic builder, streaming every output line; return the image id."""
+        image_id: str | None = None
+        last_lines: list[str] = []
+        try:
+            stream: Iterator[dict[str, Any]] = self._client.api.build(
+                path=str(context_dir),
+                tag=tag,
+                labels=labels,
+                buildargs=build_args,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    for line in str(chunk["stream"]).splitlines():
+                        on_line(line)
+                        if line.strip():
+                            last_lines = [*last_lines[-19:], line]
+                elif "error" in chunk:
+                    message = str(chunk["error"]).strip()
+                    on_line(f"ERROR: {message}")
+                    raise BuildFailed(_build_error(message, last_lines))
+                elif "aux" in chunk and "ID" in chunk["aux"]:
+                    image_id = str(chunk["aux"]["ID"])
+        except docker.errors.APIError as exc:
+            raise BuildFailed(f"the engine refused the build: {_short(exc)}") from exc
+        except requests.RequestException as exc:
+            raise EngineUnavailable(f"lost the Docker engine during the build: {_short(exc)}") from exc
+        if image_id is None:
+            raise BuildFailed(_build_error("the engine reported no image id", last_lines))
+        return image_id
+
+    def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
+        """Import a root filesystem tarball as image `ref`; return its id."""
+        repository, _, tag = ref.rpartition(":")
+        result = self._client.api.import_image_from_stream(
+            tar_stream, repository=repository, tag=tag, changes=changes
+        )
+        text = result if isinstance(result, str) else json.dumps(result)
+        image = self.image(ref)
+        if image is None:
+            raise EnvbuildError(f"docker import of {ref} produced no image: {text[-300:]}")
+        return image.id
+
+    # -- containers ---------------------------------------------------------
+
+    def probe_base(self, ref: str) -> BaseProbe:
+        """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
+        image = self.image(ref)
+        if image is None:
+            raise EnvbuildError(
+                f"base image {ref} is not in the local engine; pull it, or make one with "
+                "`envbuild base bootstrap` and pass --base-image"
+            )
+        result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
+        fields = dict(
+            line.split("=", 1) for line in result.stdout.splitlines() if "=" in line
+        )
+        os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
+        return BaseProbe(
+            ref=ref,
+            image_id=image.id,
+            os_id=os_id,
+            os_codename=codename,
+            python=fields.get("python"),
+        )
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        timeout: float,
+        files: dict[str, bytes] | None = None,
+        gpus: bool = False,
+        shm_size: str = "1g",
+        environment: dict[str, str] | None = None,
+    ) -> RunResult:
+        """Run `command` in a fresh container, copying `files` in first; the container is always removed."""
+        start = time.monotonic()
+        container = None
+        try:
+            container = self._client.containers.create(
+                image,
+                command=command,
+                environment=environment or {},
+                shm_size=shm_size,
+                # NCCL pins memory; only GPU runs ask for it (some hosts forbid raising it).
+                ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if gpus else None,
+                device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+                network_mode="none",
+                labels={"org.envbuild.role": "smoke"},
+            )
+            for path, data in (files or {}).items():
+                container.put_archive("/", _tar_of(path, data))
+            container.start()
+            timed_out = False
+            try:
+                status = container.wait(timeout=timeout)
+                exit_code: int | None = int(status.get("StatusCode", -1))
+            except (requests.ReadTimeout, requests.ConnectionError):
+                timed_out = True
+                exit_code = None
+                container.kill()
+            stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            return RunResult(
+                exit_code=exit_code,
+                stdout=stdout,
+                stderr=stderr,
+                timed_out=timed_out,
+                seconds=time.monotonic() - start,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise EnvbuildError(f"image {image} is not in the local engine; build or pull it first") from exc
+        except docker.errors.APIError as exc:
+            raise EnvbuildError(f"the engine could not run {image}: {_short(exc)}") from exc
+        finally:
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except docker.errors.DockerException:
+                    log.warning("could not remove container %s", container.id)
+
+
+def _info(image: Any) -> ImageInfo:
+    labels = (image.attrs.get("Config") or {}).get("Labels") or {}
+    return ImageInfo(id=str(image.id), tags=tuple(image.tags), labels=dict(labels))
+
+
+def _tar_of(path: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.size = len(data)
+        info.mode = 0o755
+        info.mtime = int(time.time())
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _build_error(message: str, last_lines: list[str]) -> str:
+    tail = " | ".join(line.strip() for line in last_lines[-3:])
+    return f"{message}" + (f" (last output: {tail})" if tail else "")

@@ -1,0 +1,261 @@
+"""Frozen dataclasses passed between the stages; this module imports nothing else of envbuild."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CPU = "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """One build of a framework release: CPU-only or for one CUDA minor version."""
+
+    cuda: str  # "cpu" or "12.1"
+    cudnn: str | None
+    nccl: str | None
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release:
+    """A framework release and the variants it published."""
+
+    framework: str
+    version: str
+    released: str | None
+    requires_python: str | None
+    python: tuple[str, ...]
+    pypi_variant: str | None
+    variants: tuple[Variant, ...]
+    source: str
+
+    def variant(self, cuda: str) -> Variant | None:
+        """The variant built for `cuda`, if the release published one."""
+        return next((v for v in self.variants if v.cuda == cuda), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkKnowledge:
+    """Everything known about one framework: its releases and wheel indexes."""
+
+    name: str
+    package: str
+    releases: tuple[Release, ...]  # ascending by version
+    indexes: dict[str, str]  # variant -> wheel index URL for variants not on PyPI
+    sources: dict[str, str]
+
+    def release(self, version: str) -> Release | None:
+        """The release with exactly this version string."""
+        return next((r for r in self.releases if r.version == version), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OsBase:
+    """An operating-system base and the Python its own packages provide."""
+
+    name: str
+    distro: str
+    version: str
+    codename: str
+    python: str
+    image: str
+    python_image: str | None  # e.g. "python:{python}-slim-bookworm"
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knowledge:
+    """The compatibility knowledge base loaded from matrices/knowledge/."""
+
+    frameworks: dict[str, FrameworkKnowledge]
+    cuda_family_driver: dict[str, str]  # CUDA major -> minimum driver (minor-version compat)
+    cuda_toolkit_driver: dict[str, str]  # CUDA major.minor -> driver of the toolkit release
+    cudnn_cuda: dict[str, tuple[tuple[str, str], ...]]  # cuDNN major.minor -> CUDA ranges
+    os_bases: dict[str, OsBase]
+    sources: dict[str, str] = field(default_factory=dict)  # "file:key" -> source text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Combination:
+    """One point of a matrix before the compatibility rules have judged it."""
+
+    framework: str
+    framework_version: str
+    cuda: str
+    python: str
+    os: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The fields as a plain mapping."""
+        return {
+            "framework": self.framework,
+            "framework_version": self.framework_version,
+            "cuda": self.cuda,
+            "python": self.python,
+            "os": self.os,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """Selectors shared by every command that picks entries; None selects everything."""
+
+    framework: str | None = None
+    framework_version: str | None = None  # a prefix: "2.1" matches 2.1.x
+    cuda: str | None = None  # "cpu", a major "12", or "12.1"
+    python: str | None = None
+    os: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Install:
+    """How the framework gets into the image."""
+
+    requirement: str  # e.g. "torch==2.13.0+cpu"
+    index_url: str | None  # the framework's own index, or None when PyPI serves the variant
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One image to build: a combination the rules accepted, with everything resolved."""
+
+    id: str
+    framework: str
+    framework_version: str
+    cuda: str
+    cudnn: str | None
+    nccl: str | None
+    python: str
+    os: str
+    base_image: str
+    image: str
+    install: Install
+
+    def as_dict(self) -> dict[str, Any]:
+        """The public fields, as `plan --format json` prints them."""
+        return {
+            "id": self.id,
+            "framework": self.framework,
+            "framework_version": self.framework_version,
+            "cuda": self.cuda,
+            "cudnn": self.cudnn,
+            "nccl": self.nccl,
+            "python": self.python,
+            "os": self.os,
+            "base_image": self.base_image,
+            "image": self.image,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exclusion:
+    """A combination that will not be built, and why."""
+
+    combination: Combination
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The known fields plus the reason."""
+        return {**self.combination.as_dict(), "reason": self.reason}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What would be built and what cannot be."""
+
+    entries: tuple[Entry, ...]
+    excluded: tuple[Exclusion, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """How to fetch what a build needs; none of it may end up in the image."""
+
+    base_image: str | None = None
+    ca_bundle: Path | None = None
+    wheelhouse: Path | None = None
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    offline: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseProbe:
+    """What a base image holds: its OS and, if any, its python3."""
+
+    ref: str
+    image_id: str
+    os_id: str
+    os_codename: str
+    python: str | None  # major.minor of python3 on PATH, None when absent
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildContext:
+    """A rendered Dockerfile, the files it copies, and the hash that names the result."""
+
+    entry: Entry
+    base_image: str
+    dockerfile: str
+    files: tuple[tuple[str, Path], ...]  # (path in context, source file)
+    build_args: dict[str, str]  # never hashed, never written: may hold credentials
+    content_hash: str
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltImage:
+    """An image that exists in the engine for an entry."""
+
+    entry: Entry
+    id: str
+    tags: tuple[str, ...]
+    built: bool  # False when an image with the same content hash already existed
+    log_path: Path | None
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeCheck:
+    """One host-side check of the payload's report."""
+
+    name: str
+    passed: bool
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain mapping for reports."""
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeResult:
+    """What the payload reported inside the container and what the host made of it."""
+
+    image: str
+    image_id: str
+    payload: dict[str, Any]
+    checks: tuple[SmokeCheck, ...]
+    exit_code: int | None
+    seconds: float
+    stderr_tail: str
+
+    @property
+    def passed(self) -> bool:
+        """True only when every check passed."""
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The payload's JSON plus `passed` and the host-side `checks`."""
+        return {
+            **self.payload,
+            "passed": self.passed,
+            "checks": [c.as_dict() for c in self.checks],
+            "image": self.image,
+            "image_id": self.image_id,
+            "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+        }

@@ -1,0 +1,107 @@
+"""Reports of a run: the JSON file `--report` writes, and the lines the terminal shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envbuild import __version__
+from envbuild.models import BuiltImage, Entry, Plan, SmokeResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryResult:
+    """What happened to one entry in a build run."""
+
+    entry: Entry
+    image: BuiltImage | None
+    smoke: SmokeResult | None
+    error: str | None
+
+    @property
+    def passed(self) -> bool:
+        """Built (or found) and, when smoke-tested, passed."""
+        return self.error is None and self.image is not None and (
+            self.smoke is None or self.smoke.passed
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's shape for one entry."""
+        image = None
+        if self.image is not None:
+            image = {
+                "id": self.image.id,
+                "tags": list(self.image.tags),
+                "log": str(self.image.log_path) if self.image.log_path else None,
+                "seconds": round(self.image.seconds, 3),
+            }
+        return {
+            "entry": self.entry.as_dict(),
+            "image": image,
+            "status": (
+                "failed" if self.image is None else "built" if self.image.built else "found"
+            ),
+            "passed": self.passed,
+            "error": self.error,
+            "smoke": self.smoke.as_dict() if self.smoke is not None else None,
+        }
+
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """The object `plan --format json` prints."""
+    return {
+        "entries": [e.as_dict() for e in plan.entries],
+        "excluded": [x.as_dict() for x in plan.excluded],
+    }
+
+
+def build_document(results: list[EntryResult]) -> dict[str, Any]:
+    """The object `build --report` writes."""
+    return {
+        "envbuild_version": __version__,
+        "passed": all(r.passed for r in results),
+        "results": [r.as_dict() for r in results],
+    }
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Write JSON atomically: a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+            handle.write("\n")
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def smoke_lines(result: SmokeResult) -> list[str]:
+    """One line per host-side check, for the terminal."""
+    lines = [f"{'PASS' if result.passed else 'FAIL'} smoke {result.image} ({result.seconds:.1f}s)"]
+    for check in result.checks:
+        lines.append(f"  {'ok  ' if check.passed else 'FAIL'} {check.name}: {check.detail}")
+    return lines
+
+
+def plan_table(plan: Plan) -> list[str]:
+    """The plan as a fixed-width table, then the exclusions with reasons."""
+    rows = [("ID", "CUDA", "cuDNN", "PYTHON", "BASE", "IMAGE")]
+    rows += [
+        (e.id, e.cuda, e.cudnn or "-", e.python, e.base_image, e.image) for e in plan.entries
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.append(f"{len(plan.entries)} entries to build, {len(plan.excluded)} excluded")
+    for excluded in plan.excluded:
+        c = excluded.combination
+        lines.append(
+            f"  excluded {c.framework} {c.framework_version} {c.cuda} py{c.python} {c.os}: {excluded.reason}"
+        )
+    return lines

@@ -1,0 +1,174 @@
+"""Run the smoke payload inside an image and check what it reports against the image's labels."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from envbuild.engine import Engine
+from envbuild.errors import BadInput, EnvbuildError
+from envbuild.models import CPU, SmokeCheck, SmokeResult
+from envbuild.resources import payload_path
+
+PAYLOAD_DIR = "/tmp/envbuild-smoke"
+GPU_CHOICES = ("auto", "all", "none")
+
+
+def _version_base(text: str | None) -> str | None:
+    return None if text is None else text.split("+", 1)[0]
+
+
+def _major_minor(text: str | None) -> str | None:
+    return None if text is None else ".".join(text.split(".")[:2])
+
+
+def _parse(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    try:
+        value = json.loads(stdout)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def check_report(payload: dict[str, Any], labels: dict[str, str], *, gpus: bool) -> list[SmokeCheck]:
+    """Host-side checks: the payload's own verdicts, and its versions against the image labels."""
+    checks: list[SmokeCheck] = []
+    versions = payload.get("versions") or {}
+    train = payload.get("train") or {}
+    allreduce = payload.get("allreduce") or {}
+    errors = payload.get("errors") or []
+    checks.append(
+        SmokeCheck(
+            name="payload",
+            passed=bool(payload.get("ok")) and not errors,
+            detail="the payload reported no error" if not errors else "; ".join(map(str, errors))[:500],
+        )
+    )
+    losses = (train.get("loss_first"), train.get("loss_last"))
+    checks.append(
+        SmokeCheck(
+            name="loss_fell",
+            passed=bool(train.get("loss_fell")) and None not in losses and losses[1] < losses[0],
+            detail=f"loss {losses[0]} -> {losses[1]} over {train.get('steps')} steps on {train.get('device')}",
+        )
+    )
+    world = int(allreduce.get("world_size") or 0)
+    min_world = 1 if gpus else 2
+    checks.append(
+        SmokeCheck(
+            name="allreduce",
+            passed=bool(allreduce.get("correct")) and world >= min_world,
+            detail=(
+                f"{allreduce.get('backend')} all-reduce over {world} ranks: expected "
+                f"{allreduce.get('expected')}, got {allreduce.get('got')}; "
+                f"busbw {allreduce.get('busbw_gbps')} GB/s"
+            ),
+        )
+    )
+    expect_python = labels.get("org.envbuild.python")
+    if expect_python:
+        got = _major_minor(versions.get("python"))
+        checks.append(
+            SmokeCheck(
+                name="python_version",
+                passed=got == expect_python,
+                detail=f"Python {versions.get('python')} (labels say {expect_python})",
+            )
+        )
+    expect_framework = labels.get("org.envbuild.framework-version")
+    if expect_framework:
+        got = _version_base(versions.get("framework"))
+        checks.append(
+            SmokeCheck(
+                name="framework_version",
+                passed=got == expect_framework,
+                detail=f"{labels.get('org.envbuild.framework', 'framework')} {versions.get('framework')} (labels say {expect_framework})",
+            )
+        )
+    expect_cuda = labels.get("org.envbuild.cuda")
+    if expect_cuda:
+        got_cuda = versions.get("cuda")
+        passed = got_cuda is None if expect_cuda == CPU else _major_minor(got_cuda) == expect_cuda
+        checks.append(
+            SmokeCheck(
+                name="cuda_version",
+                passed=passed,
+                detail=f"CUDA runtime {got_cuda or 'none (CPU build)'} (labels say {expect_cuda})",
+            )
+        )
+    for name in ("cudnn", "nccl"):
+        expected = labels.get(f"org.envbuild.{name}")
+        got = versions.get(name)
+        if expected and got:  # only reported where a GPU made the library load
+            want = ".".join(expected.split(".")[: len(str(got).split("."))])
+            checks.append(
+                SmokeCheck(
+                    name=f"{name}_version",
+                    passed=str(got) == want,
+                    detail=f"{name} {got} (labels say {expected})",
+                )
+            )
+    return checks
+
+
+def smoke_image(engine: Engine, ref: str, *, gpus: str = "auto", timeout: float = 600) -> SmokeResult:
+    """Run the payload in a fresh container of `ref` under a timeout and check its report."""
+    if gpus not in GPU_CHOICES:
+        raise BadInput(f"--gpus {gpus}: choose one of {', '.join(GPU_CHOICES)}")
+    image = engine.image(ref)
+    if image is None:
+        raise BadInput(f"image {ref} is not in the local engine; build it (`envbuild build`) or pull it")
+    framework = image.labels.get("org.envbuild.framework", "torch")
+    script = payload_path(framework)
+    if not script.is_file():
+        raise BadInput(f"image {ref}: no smoke payload for framework {framework!r}")
+    use_gpus = gpus == "all" or (gpus == "auto" and engine.has_nvidia_runtime())
+    start = time.monotonic()
+    target = f"{PAYLOAD_DIR}/{script.name}"
+    # GNU timeout inside the container stops a hung payload even if the host side is interrupted.
+    command = ["timeout", "-k", "10", str(int(timeout)), "python3", target]
+    result = engine.run(
+        ref,
+        command,
+        timeout=timeout + 30,
+        files={target: script.read_bytes()},
+        gpus=use_gpus,
+    )
+    payload = _parse(result.stdout)
+    if payload is None:
+        why = "timed out" if result.timed_out or result.exit_code == 124 else f"exited {result.exit_code}"
+        checks = [
+            SmokeCheck(
+                name="payload",
+                passed=False,
+                detail=f"the payload {why} without a JSON report; stderr: {result.stderr.strip()[-400:]}",
+            )
+        ]
+        payload = {}
+    else:
+        checks = check_report(payload, image.labels, gpus=use_gpus)
+    return SmokeResult(
+        image=ref,
+        image_id=image.id,
+        payload=payload,
+        checks=tuple(checks),
+        exit_code=result.exit_code,
+        seconds=time.monotonic() - start,
+        stderr_tail=result.stderr.strip()[-2000:],
+    )
+
+
+def require_payload(framework: str) -> None:
+    """Fail early when a framework has no payload script."""
+    if not payload_path(framework).is_file():
+        raise EnvbuildError(f"no smoke payload for {framework}")
