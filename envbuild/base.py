@@ -26,7 +26,8 @@ def bootstrap_base(
     if existing is not None and not force:
         return existing.id, False
     if shutil.which("debootstrap") is None:
-        raise BadInput("debootstrap is not installed; run `apt-get install -y debootstrap` (as root)")
+        msg = "debootstrap is not installed; run `apt-get install -y debootstrap` (as root)"
+        raise BadInput(msg)
     with tempfile.TemporaryDirectory(prefix="envbuild-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
         result = subprocess.run(
@@ -36,8 +37,11 @@ def bootstrap_base(
             check=False,
         )
         if result.returncode != 0:
-            tail = " | ".join(result.stdout.strip().splitlines()[-3:] + result.stderr.strip().splitlines()[-3:])
-            raise EnvbuildError(f"debootstrap {suite} from {mirror} failed (exit {result.returncode}): {tail}")
+            tail = " | ".join(
+                result.stdout.strip().splitlines()[-3:] + result.stderr.strip().splitlines()[-3:]
+            )
+            msg = f"debootstrap {suite} from {mirror} failed (exit {result.returncode}): {tail}"
+            raise EnvbuildError(msg)
         with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as tar:
             assert tar.stdout is not None
             image_id = engine.import_rootfs(
@@ -49,5 +53,6 @@ def bootstrap_base(
                 ],
             )
         if tar.returncode not in (0, None):
-            raise EnvbuildError(f"tar of the {suite} root filesystem failed (exit {tar.returncode})")
+            msg = f"tar of the {suite} root filesystem failed (exit {tar.returncode})"
+            raise EnvbuildError(msg)
     return image_id, True

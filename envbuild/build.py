@@ -33,23 +33,26 @@ def check_base(knowledge: Knowledge, entry: Entry, probe: BaseProbe) -> None:
     """Refuse a base whose Python or OS cannot give this entry what it asks for."""
     if probe.python is not None:
         if probe.python != entry.python:
-            raise BadInput(
+            msg = (
                 f"base image {probe.ref} brings Python {probe.python}, but {entry.id} needs "
                 f"{entry.python}; use --python {probe.python} or a base with Python {entry.python}"
             )
+            raise BadInput(msg)
         return
     base = knowledge.os_bases.get(entry.os)
     if base is None or probe.os_codename != base.codename:
-        raise BadInput(
+        msg = (
             f"base image {probe.ref} is {probe.os_id} {probe.os_codename} without python3, but "
             f"{entry.id} is for {entry.os}; pass --os matching the base, or a base with Python "
             f"{entry.python}"
         )
+        raise BadInput(msg)
     if base.python != entry.python:
-        raise BadInput(
+        msg = (
             f"base image {probe.ref} has no python3 and {entry.os} provides Python {base.python}, "
             f"but {entry.id} needs {entry.python}; use --python {base.python}"
         )
+        raise BadInput(msg)
 
 
 def prepare(
@@ -93,7 +96,7 @@ def build_entry(
     }
     with (
         tempfile.TemporaryDirectory(prefix="envbuild-") as tmp,
-        log_path.open("w", encoding="utf-8") as log_file,
+        log_path.open("w", encoding="utf-8", buffering=1) as log_file,
     ):
         write_context(context, Path(tmp))
 
@@ -110,7 +113,8 @@ def build_entry(
                 on_line=record,
             )
         except BuildFailed as exc:
-            raise BuildFailed(f"{entry.id}: build failed: {exc.message} (full log: {log_path})") from exc
+            msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
+            raise BuildFailed(msg) from exc
     return BuiltImage(
         entry=entry,
         id=image_id,

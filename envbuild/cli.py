@@ -6,6 +6,7 @@ Heavy modules (docker, jinja2, the knowledge base) are imported inside the comma
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -51,12 +52,24 @@ def reports_errors(func: F) -> F:
 def selectors(func: F) -> F:
     """The options every entry-picking command shares."""
     options = [
-        click.option("-m", "--matrix", "matrix_file", type=click.Path(path_type=Path),
-                     help="Matrix file (default: every release in the knowledge base)."),
+        click.option(
+            "--repository",
+            metavar="REPO",
+            help="Image repository, may use {framework} [default: the matrix's, envbuild/{framework}].",
+        ),
+        click.option(
+            "-m",
+            "--matrix",
+            "matrix_file",
+            type=click.Path(path_type=Path),
+            help="Matrix file (default: every release in the knowledge base).",
+        ),
         click.option("--os", "os_name", metavar="OS", help="OS base, e.g. bookworm."),
         click.option("--python", metavar="X.Y", help="Python version, e.g. 3.11."),
         click.option("--cuda", metavar="VER", help="'cpu', a major ('12': every 12.x) or '12.1'."),
-        click.option("--framework-version", metavar="PREFIX", help="Release or prefix: '2.1' matches 2.1.x."),
+        click.option(
+            "--framework-version", metavar="PREFIX", help="Release or prefix: '2.1' matches 2.1.x."
+        ),
         click.option("--framework", metavar="NAME", help="Framework, e.g. torch."),
     ]
     for option in options:
@@ -100,6 +113,9 @@ def _plan(
         defaults = load_matrix(default_matrix_path(), knowledge)
         matrix = knowledge_matrix(knowledge, selection, defaults)
         newest_only = newest_only and selection.framework_version is None
+    repository = kwargs.pop("repository")
+    if repository:
+        matrix = dataclasses.replace(matrix, repository=repository)
     plan = make_plan(knowledge, matrix, selection, driver=driver, newest_only=newest_only)
     require_entries(plan, matrix, selection)
     return knowledge, matrix, plan
@@ -119,7 +135,9 @@ def main(verbose: bool) -> None:
 @main.command()
 @selectors
 @click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 @reports_errors
 def plan(driver: str | None, fmt: str, **kwargs: Any) -> None:
     """Show what would be built, and what cannot be and why."""
@@ -140,7 +158,8 @@ def _check_driver(driver: str) -> None:
     from envbuild.errors import BadInput
 
     if not re.fullmatch(r"\d+(\.\d+){0,2}", driver):
-        raise BadInput(f"--driver {driver!r} is not a driver version (e.g. 535.104.05)")
+        msg = f"--driver {driver!r} is not a driver version (e.g. 535.104.05)"
+        raise BadInput(msg)
 
 
 def _build_options(kwargs: dict[str, Any]) -> Any:
@@ -159,13 +178,26 @@ def _build_options(kwargs: dict[str, Any]) -> Any:
 def fetch_options(func: F) -> F:
     """Options that say where a build fetches packages from."""
     options = [
-        click.option("--offline", is_flag=True, help="Install only from --wheelhouse; use no index."),
-        click.option("--extra-index-url", multiple=True, metavar="URL", help="Extra pip index (repeatable)."),
-        click.option("--index-url", metavar="URL", help="pip index to use instead of PyPI (a mirror)."),
-        click.option("--wheelhouse", type=click.Path(path_type=Path), help="Folder of wheels pip may use."),
-        click.option("--ca-bundle", type=click.Path(path_type=Path),
-                     help="CA bundle for a TLS-intercepting proxy or private index."),
-        click.option("--base-image", metavar="REF", help="Base image instead of the entry's default."),
+        click.option(
+            "--offline", is_flag=True, help="Install only from --wheelhouse; use no index."
+        ),
+        click.option(
+            "--extra-index-url", multiple=True, metavar="URL", help="Extra pip index (repeatable)."
+        ),
+        click.option(
+            "--index-url", metavar="URL", help="pip index to use instead of PyPI (a mirror)."
+        ),
+        click.option(
+            "--wheelhouse", type=click.Path(path_type=Path), help="Folder of wheels pip may use."
+        ),
+        click.option(
+            "--ca-bundle",
+            type=click.Path(path_type=Path),
+            help="CA bundle for a TLS-intercepting proxy or private index.",
+        ),
+        click.option(
+            "--base-image", metavar="REF", help="Base image instead of the entry's default."
+        ),
     ]
     for option in options:
         func = option(func)
@@ -175,8 +207,13 @@ def fetch_options(func: F) -> F:
 @main.command()
 @selectors
 @fetch_options
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="Folder to write one build context per entry into.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder to write one build context per entry into.",
+)
 @reports_errors
 def render(output: Path, **kwargs: Any) -> None:
     """Write each entry's Dockerfile and build context for review (no Docker needed)."""
@@ -194,9 +231,16 @@ def render(output: Path, **kwargs: Any) -> None:
 @selectors
 @fetch_options
 @click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")
-@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
-              help="GPUs for the smoke test.")
-@click.option("--report", "report_file", type=click.Path(path_type=Path), help="Write a JSON report here.")
+@click.option(
+    "--gpus",
+    type=click.Choice(["auto", "all", "none"]),
+    default="auto",
+    show_default=True,
+    help="GPUs for the smoke test.",
+)
+@click.option(
+    "--report", "report_file", type=click.Path(path_type=Path), help="Write a JSON report here."
+)
 @reports_errors
 def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) -> None:
     """Build images for the selected entries, then smoke-test them.
@@ -217,7 +261,7 @@ def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) ->
     for number, context in enumerate(contexts, start=1):
         entry = context.entry
         prefix = f"[{number}/{total}] {entry.id}"
-        click.echo(f"{prefix}: building {entry.image} from {context.base_image}", err=True)
+        click.echo(f"{prefix}: {entry.image} from {context.base_image}", err=True)
 
         def show(line: str, prefix: str = prefix) -> None:
             if line.startswith("Step "):
@@ -230,9 +274,15 @@ def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) ->
             results.append(EntryResult(entry=entry, image=None, smoke=None, error=exc.message))
             continue
         if built.built:
-            click.echo(f"{prefix}: built {built.id[:19]} in {built.seconds:.1f}s (log: {built.log_path})", err=True)
+            click.echo(
+                f"{prefix}: built {built.id[:19]} in {built.seconds:.1f}s (log: {built.log_path})",
+                err=True,
+            )
         else:
-            click.echo(f"{prefix}: already built as {built.id[:19]} (same content hash); not rebuilt", err=True)
+            click.echo(
+                f"{prefix}: already built as {built.id[:19]} (same content hash); not rebuilt",
+                err=True,
+            )
         smoke = None
         if not no_smoke:
             click.echo(f"{prefix}: smoke test", err=True)
@@ -249,17 +299,22 @@ def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) ->
 
 
 def _named(smoke: Any, ref: str) -> Any:
-    import dataclasses
-
     return dataclasses.replace(smoke, image=ref)
 
 
 @main.command()
 @click.argument("image")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
-@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True)
-@click.option("--timeout", type=click.IntRange(10, 7200), default=600, show_default=True,
-              help="Seconds before the payload is killed.")
+@click.option(
+    "--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True
+)
+@click.option(
+    "--timeout",
+    type=click.IntRange(10, 7200),
+    default=600,
+    show_default=True,
+    help="Seconds before the payload is killed.",
+)
 @reports_errors
 def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
     """Prove IMAGE trains and all-reduces: run the smoke payload inside it."""

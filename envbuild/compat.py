@@ -23,14 +23,16 @@ def _shipped(release: Release) -> str:
 
 def _span(versions: tuple[str, ...]) -> str:
     ordered = sorted(versions, key=version_sort_key)
-    return f"{ordered[0]}–{ordered[-1]}" if ordered else "none"
+    return f"{ordered[0]}-{ordered[-1]}" if ordered else "none"
 
 
 def framework_is_known(knowledge: Knowledge, combo: Combination) -> str | None:
     """The framework must be one the knowledge base describes."""
     if combo.framework in knowledge.frameworks:
         return None
-    return f"unknown framework {combo.framework!r}; known: {', '.join(sorted(knowledge.frameworks))}"
+    return (
+        f"unknown framework {combo.framework!r}; known: {', '.join(sorted(knowledge.frameworks))}"
+    )
 
 
 def release_is_known(knowledge: Knowledge, combo: Combination) -> str | None:
@@ -119,9 +121,7 @@ def driver_supports(knowledge: Knowledge, cuda: str, driver: str) -> str | None:
     return f"CUDA {cuda} needs driver >= {floor} (CUDA {major}.x minor-version compatibility); driver {driver} is older"
 
 
-def resolve_entry(
-    knowledge: Knowledge, combo: Combination, *, repository: str
-) -> Entry:
+def resolve_entry(knowledge: Knowledge, combo: Combination, *, repository: str) -> Entry:
     """Turn an accepted combination into an Entry: versions, base image, install source, tag."""
     framework = knowledge.frameworks[combo.framework]
     release = framework.release(combo.framework_version)
@@ -138,9 +138,7 @@ def resolve_entry(
             requirement=f"{framework.package}=={release.version}+{cuda_tag(combo.cuda)}",
             index_url=framework.indexes[variant.cuda],
         )
-    base_image = (
-        base.python_image.format(python=combo.python) if base.python_image else base.image
-    )
+    base_image = base.python_image.format(python=combo.python) if base.python_image else base.image
     return Entry(
         id=f"{combo.framework}{tag}",
         framework=combo.framework,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -62,10 +63,11 @@ class Engine:
             client = docker.from_env(timeout=600)
             client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise EngineUnavailable(
+            msg = (
                 "cannot reach the Docker engine (DOCKER_HOST or /var/run/docker.sock): "
                 f"{_short(exc)}; start dockerd (e.g. `sudo dockerd &`) or set DOCKER_HOST"
-            ) from exc
+            )
+            raise EngineUnavailable(msg) from exc
         return cls(client)
 
     def version(self) -> str:
@@ -114,10 +116,8 @@ class Engine:
 
     def remove_image(self, ref: str, *, force: bool = True) -> None:
         """Remove an image if it exists."""
-        try:
+        with contextlib.suppress(docker.errors.ImageNotFound):
             self._client.images.remove(ref, force=force, noprune=False)
-        except docker.errors.ImageNotFound:
-            pass
 
     def prune_dangling(self, label: str) -> None:
         """Remove untagged images carrying `label` (the builder stages envbuild leaves behind)."""
@@ -159,9 +159,11 @@ class Engine:
                 elif "aux" in chunk and "ID" in chunk["aux"]:
                     image_id = str(chunk["aux"]["ID"])
         except docker.errors.APIError as exc:
-            raise BuildFailed(f"the engine refused the build: {_short(exc)}") from exc
+            msg = f"the engine refused the build: {_short(exc)}"
+            raise BuildFailed(msg) from exc
         except requests.RequestException as exc:
-            raise EngineUnavailable(f"lost the Docker engine during the build: {_short(exc)}") from exc
+            msg = f"lost the Docker engine during the build: {_short(exc)}"
+            raise EngineUnavailable(msg) from exc
         if image_id is None:
             raise BuildFailed(_build_error("the engine reported no image id", last_lines))
         return image_id
@@ -175,7 +177,8 @@ class Engine:
         text = result if isinstance(result, str) else json.dumps(result)
         image = self.image(ref)
         if image is None:
-            raise EnvbuildError(f"docker import of {ref} produced no image: {text[-300:]}")
+            msg = f"docker import of {ref} produced no image: {text[-300:]}"
+            raise EnvbuildError(msg)
         return image.id
 
     # -- containers ---------------------------------------------------------
@@ -184,14 +187,13 @@ class Engine:
         """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
         image = self.image(ref)
         if image is None:
-            raise EnvbuildError(
+            msg = (
                 f"base image {ref} is not in the local engine; pull it, or make one with "
                 "`envbuild base bootstrap` and pass --base-image"
             )
+            raise EnvbuildError(msg)
         result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
-        fields = dict(
-            line.split("=", 1) for line in result.stdout.splitlines() if "=" in line
-        )
+        fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
         os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
         return BaseProbe(
             ref=ref,
@@ -248,9 +250,11 @@ class Engine:
                 seconds=time.monotonic() - start,
             )
         except docker.errors.ImageNotFound as exc:
-            raise EnvbuildError(f"image {image} is not in the local engine; build or pull it first") from exc
+            msg = f"image {image} is not in the local engine; build or pull it first"
+            raise EnvbuildError(msg) from exc
         except docker.errors.APIError as exc:
-            raise EnvbuildError(f"the engine could not run {image}: {_short(exc)}") from exc
+            msg = f"the engine could not run {image}: {_short(exc)}"
+            raise EnvbuildError(msg) from exc
         finally:
             if container is not None:
                 try:

@@ -19,7 +19,7 @@ FRAMEWORK_FILES = ("torch",)
 def _read(path: Path) -> dict[str, Any]:
     try:
         loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     except (OSError, yaml.YAMLError) as exc:
         raise MatrixError([f"{path}: cannot read knowledge file: {exc}"]) from exc
     if not isinstance(data, dict):
@@ -33,7 +33,9 @@ class _Checker:
     def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path = path
         self.problems: list[str] = []
-        self.sources: dict[str, str] = {str(k): str(v) for k, v in (data.get("sources") or {}).items()}
+        self.sources: dict[str, str] = {
+            str(k): str(v) for k, v in (data.get("sources") or {}).items()
+        }
 
     def fail(self, where: str, what: str) -> None:
         self.problems.append(f"{self.path}: {where}: {what}")
@@ -202,4 +204,3 @@ def cuda_tag(cuda: str) -> str:
 def version_sort_key(text: str) -> Version:
     """Sort key that orders release strings as versions."""
     return _version_key(text)
-

@@ -91,7 +91,9 @@ class _Validator:
                 return None
         elif axis == "framework_version":
             if text != LATEST and not _VERSION.match(text):
-                self.fail(where, f"{text!r} is not a version (use '2.4.1', a prefix '2.4', or 'latest')")
+                self.fail(
+                    where, f"{text!r} is not a version (use '2.4.1', a prefix '2.4', or 'latest')"
+                )
                 return None
             if text != LATEST and not any(
                 _version_prefix(text, r.version)
@@ -103,7 +105,10 @@ class _Validator:
         elif axis == "cuda":
             if text != CPU and not _CUDA.match(text):
                 choices = [CPU, *sorted(known.cuda_toolkit_driver)]
-                self.fail(where, f"{text!r} is not a version (use 'cpu' or e.g. '12.1'){_suggest(text, choices)}")
+                self.fail(
+                    where,
+                    f"{text!r} is not a version (use 'cpu' or e.g. '12.1'){_suggest(text, choices)}",
+                )
                 return None
         elif axis == "python":
             if not _PYTHON.match(text):
@@ -181,7 +186,8 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
             continue
         values = raw if isinstance(raw, list) else [raw]
         checked = [
-            check.value(f"axes.{axis}[{i}]", axis, v) if isinstance(raw, list)
+            check.value(f"axes.{axis}[{i}]", axis, v)
+            if isinstance(raw, list)
             else check.value(f"axes.{axis}", axis, v)
             for i, v in enumerate(values)
         ]
@@ -211,12 +217,12 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
 
 
 def knowledge_matrix(knowledge: Knowledge, selection: Selection, defaults: Matrix) -> Matrix:
-    """Every release of every framework × every CUDA it ever shipped, at the selected Python and OS."""
+    """Every release of every framework x every CUDA it ever shipped, at the selected Python and OS."""
     frameworks = tuple(sorted(knowledge.frameworks))
-    versions = tuple(
-        r.version for f in frameworks for r in knowledge.frameworks[f].releases
-    )
-    cudas = {v.cuda for f in frameworks for r in knowledge.frameworks[f].releases for v in r.variants}
+    versions = tuple(r.version for f in frameworks for r in knowledge.frameworks[f].releases)
+    cudas = {
+        v.cuda for f in frameworks for r in knowledge.frameworks[f].releases for v in r.variants
+    }
     cudas.discard(CPU)
     return Matrix(
         source="the knowledge base",
@@ -381,10 +387,14 @@ def require_entries(plan: Plan, matrix: Matrix, selection: Selection) -> None:
         return
     head = f"no entry to build for {describe(selection)} in {matrix.source}"
     if not plan.excluded:
-        offered = "; ".join(f"{axis}: {', '.join(matrix.axes[axis])}" for axis in ("framework", "cuda", "python", "os"))
-        raise SelectionError(f"{head}: no combination matches; it offers {offered}")
+        offered = "; ".join(
+            f"{axis}: {', '.join(matrix.axes[axis])}"
+            for axis in ("framework", "cuda", "python", "os")
+        )
+        msg = f"{head}: no combination matches; it offers {offered}"
+        raise SelectionError(msg)
     counts = Counter(e.reason for e in plan.excluded)
-    reasons = [f"{reason}" + (f" (×{n})" if n > 1 else "") for reason, n in counts.most_common(5)]
+    reasons = [f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in counts.most_common(5)]
     more = len(counts) - len(reasons)
     tail = f"; and {more} more reasons (see `envbuild plan`)" if more > 0 else ""
     raise SelectionError(f"{head}: " + "; ".join(reasons) + tail)

@@ -22,7 +22,10 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - Dockerfiles, not HTML
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.do"],
+        autoescape=False,
     )
 
 
@@ -41,7 +44,8 @@ def wheelhouse_files(entry: Entry, wheelhouse: Path) -> tuple[list[Path], bool]:
     to prefer a `+cpu` wheel over the PyPI CUDA build of the same version.
     """
     if not wheelhouse.is_dir():
-        raise BadInput(f"--wheelhouse {wheelhouse}: not a directory; pass a folder of .whl files")
+        msg = f"--wheelhouse {wheelhouse}: not a directory; pass a folder of .whl files"
+        raise BadInput(msg)
     package = _normalize(entry.install.requirement.split("==", 1)[0])
     wanted = _wanted_version(entry)
     python_tag = "cp" + entry.python.replace(".", "")
@@ -71,23 +75,27 @@ def _hash(base_id: str, dockerfile: str, files: tuple[tuple[str, Path], ...]) ->
     return digest.hexdigest()
 
 
-def render_entry(entry: Entry, options: BuildOptions, base: BaseProbe | None = None) -> BuildContext:
+def render_entry(
+    entry: Entry, options: BuildOptions, base: BaseProbe | None = None
+) -> BuildContext:
     """Render one entry's Dockerfile and gather its context files; no Docker involved."""
     base_image = options.base_image or entry.base_image
     files: list[tuple[str, Path]] = []
     if options.ca_bundle is not None:
         if not options.ca_bundle.is_file():
-            raise BadInput(f"--ca-bundle {options.ca_bundle}: no such file; pass a PEM bundle")
+            msg = f"--ca-bundle {options.ca_bundle}: no such file; pass a PEM bundle"
+            raise BadInput(msg)
         files.append(("envbuild/ca.crt", options.ca_bundle))
     wheels_hold_framework = False
     if options.wheelhouse is not None:
         wheels, wheels_hold_framework = wheelhouse_files(entry, options.wheelhouse)
         files += [(f"envbuild/wheelhouse/{w.name}", w) for w in wheels]
     if options.offline and not wheels_hold_framework:
-        raise BadInput(
+        msg = (
             f"--offline: the wheelhouse holds no {entry.install.requirement} wheel for "
             f"Python {entry.python}; add it to --wheelhouse or drop --offline"
         )
+        raise BadInput(msg)
     framework_index = None
     if entry.install.index_url and not wheels_hold_framework and not options.offline:
         framework_index = entry.install.index_url

@@ -25,8 +25,10 @@ class EntryResult:
     @property
     def passed(self) -> bool:
         """Built (or found) and, when smoke-tested, passed."""
-        return self.error is None and self.image is not None and (
-            self.smoke is None or self.smoke.passed
+        return (
+            self.error is None
+            and self.image is not None
+            and (self.smoke is None or self.smoke.passed)
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -93,11 +95,11 @@ def smoke_lines(result: SmokeResult) -> list[str]:
 def plan_table(plan: Plan) -> list[str]:
     """The plan as a fixed-width table, then the exclusions with reasons."""
     rows = [("ID", "CUDA", "cuDNN", "PYTHON", "BASE", "IMAGE")]
-    rows += [
-        (e.id, e.cuda, e.cudnn or "-", e.python, e.base_image, e.image) for e in plan.entries
-    ]
+    rows += [(e.id, e.cuda, e.cudnn or "-", e.python, e.base_image, e.image) for e in plan.entries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    ]
     lines.append(f"{len(plan.entries)} entries to build, {len(plan.excluded)} excluded")
     for excluded in plan.excluded:
         c = excluded.combination

@@ -40,7 +40,9 @@ def _parse(stdout: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def check_report(payload: dict[str, Any], labels: dict[str, str], *, gpus: bool) -> list[SmokeCheck]:
+def check_report(
+    payload: dict[str, Any], labels: dict[str, str], *, gpus: bool
+) -> list[SmokeCheck]:
     """Host-side checks: the payload's own verdicts, and its versions against the image labels."""
     checks: list[SmokeCheck] = []
     versions = payload.get("versions") or {}
@@ -51,15 +53,18 @@ def check_report(payload: dict[str, Any], labels: dict[str, str], *, gpus: bool)
         SmokeCheck(
             name="payload",
             passed=bool(payload.get("ok")) and not errors,
-            detail="the payload reported no error" if not errors else "; ".join(map(str, errors))[:500],
+            detail="the payload reported no error"
+            if not errors
+            else "; ".join(map(str, errors))[:500],
         )
     )
-    losses = (train.get("loss_first"), train.get("loss_last"))
+    first, last = train.get("loss_first"), train.get("loss_last")
+    fell = isinstance(first, int | float) and isinstance(last, int | float) and last < first
     checks.append(
         SmokeCheck(
             name="loss_fell",
-            passed=bool(train.get("loss_fell")) and None not in losses and losses[1] < losses[0],
-            detail=f"loss {losses[0]} -> {losses[1]} over {train.get('steps')} steps on {train.get('device')}",
+            passed=bool(train.get("loss_fell")) and fell,
+            detail=f"loss {first} -> {last} over {train.get('steps')} steps on {train.get('device')}",
         )
     )
     world = int(allreduce.get("world_size") or 0)
@@ -121,17 +126,22 @@ def check_report(payload: dict[str, Any], labels: dict[str, str], *, gpus: bool)
     return checks
 
 
-def smoke_image(engine: Engine, ref: str, *, gpus: str = "auto", timeout: float = 600) -> SmokeResult:
+def smoke_image(
+    engine: Engine, ref: str, *, gpus: str = "auto", timeout: float = 600
+) -> SmokeResult:
     """Run the payload in a fresh container of `ref` under a timeout and check its report."""
     if gpus not in GPU_CHOICES:
-        raise BadInput(f"--gpus {gpus}: choose one of {', '.join(GPU_CHOICES)}")
+        msg = f"--gpus {gpus}: choose one of {', '.join(GPU_CHOICES)}"
+        raise BadInput(msg)
     image = engine.image(ref)
     if image is None:
-        raise BadInput(f"image {ref} is not in the local engine; build it (`envbuild build`) or pull it")
+        msg = f"image {ref} is not in the local engine; build it (`envbuild build`) or pull it"
+        raise BadInput(msg)
     framework = image.labels.get("org.envbuild.framework", "torch")
     script = payload_path(framework)
     if not script.is_file():
-        raise BadInput(f"image {ref}: no smoke payload for framework {framework!r}")
+        msg = f"image {ref}: no smoke payload for framework {framework!r}"
+        raise BadInput(msg)
     use_gpus = gpus == "all" or (gpus == "auto" and engine.has_nvidia_runtime())
     start = time.monotonic()
     target = f"{PAYLOAD_DIR}/{script.name}"
@@ -146,7 +156,11 @@ def smoke_image(engine: Engine, ref: str, *, gpus: str = "auto", timeout: float 
     )
     payload = _parse(result.stdout)
     if payload is None:
-        why = "timed out" if result.timed_out or result.exit_code == 124 else f"exited {result.exit_code}"
+        why = (
+            "timed out"
+            if result.timed_out or result.exit_code == 124
+            else f"exited {result.exit_code}"
+        )
         checks = [
             SmokeCheck(
                 name="payload",
@@ -171,4 +185,5 @@ def smoke_image(engine: Engine, ref: str, *, gpus: str = "auto", timeout: float 
 def require_payload(framework: str) -> None:
     """Fail early when a framework has no payload script."""
     if not payload_path(framework).is_file():
-        raise EnvbuildError(f"no smoke payload for {framework}")
+        msg = f"no smoke payload for {framework}"
+        raise EnvbuildError(msg)

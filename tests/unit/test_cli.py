@@ -1,0 +1,110 @@
+"""The command line without an engine: plan, render, and the exit codes of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from envbuild.cli import main
+from envbuild.models import Knowledge
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_plan_json_lists_only_releases_that_publish_cu121(knowledge: Knowledge) -> None:
+    code, out, _ = run("plan", "--framework", "torch", "--cuda", "12.1", "--format", "json")
+    assert code == 0
+    document = json.loads(out)
+    versions = {e["framework_version"] for e in document["entries"]}
+    shipped = {
+        r.version for r in knowledge.frameworks["torch"].releases if r.variant("12.1") is not None
+    }
+    assert versions == shipped
+    assert versions
+    assert {e["cuda"] for e in document["entries"]} == {"12.1"}
+    first = document["entries"][0]
+    assert set(first) == {
+        "id",
+        "framework",
+        "framework_version",
+        "cuda",
+        "cudnn",
+        "nccl",
+        "python",
+        "os",
+        "base_image",
+        "image",
+    }
+    assert all(x["reason"] for x in document["excluded"])
+    assert {x["framework_version"] for x in document["excluded"]} == {
+        r.version for r in knowledge.frameworks["torch"].releases
+    } - shipped
+
+
+def test_a_cuda_the_release_never_shipped_exits_2_naming_what_it_did() -> None:
+    code, _, err = run(
+        "plan", "--framework", "torch", "--framework-version", "2.6.0", "--cuda", "12.1"
+    )
+    assert code == 2
+    assert "publishes no cu121 wheels; it ships cpu, cu118, cu124, cu126" in err
+    assert "Traceback" not in err
+
+
+def test_driver_drops_what_it_cannot_run() -> None:
+    code, out, _ = run(
+        "plan", "--framework-version", "2.14.0", "--driver", "535.104.05", "--format", "json"
+    )
+    assert code == 0
+    document = json.loads(out)
+    assert {e["cuda"] for e in document["entries"]} == {"cpu", "12.6"}
+    assert any("needs driver >= 580" in x["reason"] for x in document["excluded"])
+    code, _, err = run("plan", "--driver", "latest")
+    assert code == 2
+    assert "--driver 'latest' is not a driver version" in err
+
+
+def test_a_broken_matrix_exits_2_with_every_problem(tmp_path: Path) -> None:
+    matrix = tmp_path / "broken.yaml"
+    matrix.write_text("axes:\n  framework: [torch]\n  cuda: [cpu, twelve]\n  pyton: ['3.11']\n")
+    code, _, err = run("plan", "-m", str(matrix))
+    assert code == 2
+    assert f"envbuild: error: {matrix}: axes.cuda[1]: 'twelve' is not a version" in err
+    assert "axes.pyton: unknown key; did you mean 'python'?" in err
+    assert "Traceback" not in err
+
+
+def test_an_empty_selection_exits_2() -> None:
+    code, _, err = run("plan", "--framework", "torch", "--python", "3.7")
+    assert code == 2
+    assert "publishes no wheels for Python 3.7" in err
+
+
+def test_render_writes_contexts(tmp_path: Path) -> None:
+    code, out, _ = run(
+        "render", "--framework-version", "2.4.1", "--cuda", "12", "-o", str(tmp_path)
+    )
+    assert code == 0
+    written = sorted(p.parent.name for p in tmp_path.glob("*/Dockerfile"))
+    assert written == ["torch2.4.1-cu121-py3.11-bookworm", "torch2.4.1-cu124-py3.11-bookworm"]
+    assert "torch2.4.1-cu121-py3.11-bookworm" in out
+
+
+def test_help_imports_neither_docker_nor_jinja() -> None:
+    code = (
+        "import sys\n"
+        "from envbuild.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('docker', 'jinja2', 'yaml', 'requests') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "HEAVY="

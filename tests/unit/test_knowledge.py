@@ -1,0 +1,102 @@
+"""The knowledge base: loads, holds the sourced facts PyPI and the reference agree on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from envbuild.errors import MatrixError
+from envbuild.knowledge import load_knowledge
+from envbuild.models import CPU, Knowledge
+from tests.conftest import REPO
+
+
+def test_every_torch_release_from_2_0_to_2_15_is_known(knowledge: Knowledge) -> None:
+    versions = [r.version for r in knowledge.frameworks["torch"].releases]
+    assert versions[0] == "2.0.0"
+    assert "2.15.0" in versions
+    minors = {".".join(v.split(".")[:2]) for v in versions}
+    assert minors >= {f"2.{n}" for n in range(16)}
+    assert versions == sorted(versions, key=Version)
+
+
+@pytest.mark.parametrize(
+    ("version", "pypi_cuda", "cudnn", "nccl"),
+    [
+        ("2.0.1", "11.7", "8.5.0.96", "2.14.3"),
+        ("2.1.2", "12.1", "8.9.2.26", "2.18.1"),
+        ("2.4.1", "12.1", "9.1.0.70", "2.20.5"),
+        ("2.6.0", "12.4", "9.1.0.70", "2.21.5"),
+        ("2.7.1", "12.6", "9.5.1.17", "2.26.2"),
+        ("2.11.0", "13.0", "9.19.0.56", "2.28.9"),  # PyPI's metadata wins over RELEASE.md here
+        ("2.14.0", "13.0", "9.24.0.43", "2.30.7"),
+    ],
+)
+def test_pypi_default_wheel_facts(
+    knowledge: Knowledge, version: str, pypi_cuda: str, cudnn: str, nccl: str
+) -> None:
+    release = knowledge.frameworks["torch"].release(version)
+    assert release is not None
+    assert release.pypi_variant == pypi_cuda
+    variant = release.variant(pypi_cuda)
+    assert variant is not None
+    assert (variant.cudnn, variant.nccl, variant.source) == (cudnn, nccl, "pypi")
+
+
+def test_every_release_has_a_cpu_variant_and_an_index_for_non_pypi_variants(
+    knowledge: Knowledge,
+) -> None:
+    torch = knowledge.frameworks["torch"]
+    for release in torch.releases:
+        assert release.variant(CPU) is not None, release.version
+        assert release.python, release.version
+        for variant in release.variants:
+            if variant.cuda != release.pypi_variant:
+                assert variant.cuda in torch.indexes, (release.version, variant.cuda)
+
+
+def test_cuda_driver_floors(knowledge: Knowledge) -> None:
+    assert knowledge.cuda_family_driver["12"] == "525.60.13"
+    assert knowledge.cuda_family_driver["13"].startswith("580")
+    assert knowledge.cuda_toolkit_driver["12.1"] == "530.30.02"
+
+
+def test_bundled_cudnn_supports_its_cuda_where_the_matrix_is_known(knowledge: Knowledge) -> None:
+    checked = 0
+    for release in knowledge.frameworks["torch"].releases:
+        for variant in release.variants:
+            if variant.cudnn is None or variant.cuda == CPU:
+                continue
+            key = ".".join(variant.cudnn.split(".")[:2])
+            ranges = knowledge.cudnn_cuda.get(key)
+            if ranges is None:
+                continue
+            cuda = Version(variant.cuda)
+            assert any(Version(lo) <= cuda <= Version(hi) for lo, hi in ranges), (
+                release.version,
+                variant.cuda,
+                variant.cudnn,
+            )
+            checked += 1
+    assert checked > 10
+
+
+def test_os_bases_give_their_python(knowledge: Knowledge) -> None:
+    assert knowledge.os_bases["bookworm"].python == "3.11"
+    assert knowledge.os_bases["trixie"].python == "3.13"
+    assert knowledge.os_bases["ubuntu22.04"].python_image is None
+
+
+def test_a_broken_knowledge_file_names_file_and_place(tmp_path: Path) -> None:
+    source = REPO / "matrices" / "knowledge"
+    for path in source.glob("*.yaml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    torch = tmp_path / "torch.yaml"
+    torch.write_text(torch.read_text().replace("source: pypi\n", "source: nowhere\n", 1))
+    with pytest.raises(MatrixError) as caught:
+        load_knowledge(tmp_path)
+    assert (
+        "torch.yaml: releases.2.0.0: source 'nowhere' is not one of sources" in caught.value.message
+    )

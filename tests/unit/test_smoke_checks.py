@@ -1,0 +1,95 @@
+"""Host-side checks of a payload report against the image's labels."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from envbuild.smoke import check_report
+
+LABELS = {
+    "org.envbuild.framework": "torch",
+    "org.envbuild.framework-version": "2.4.1",
+    "org.envbuild.cuda": "12.1",
+    "org.envbuild.cudnn": "9.1.0.70",
+    "org.envbuild.nccl": "2.20.5",
+    "org.envbuild.python": "3.11",
+}
+
+REPORT: dict[str, Any] = {
+    "payload": "torch",
+    "ok": True,
+    "versions": {
+        "python": "3.11.2",
+        "framework": "2.4.1+cu121",
+        "cuda": "12.1",
+        "cudnn": "9.1.0",
+        "nccl": "2.20.5",
+    },
+    "train": {
+        "device": "cuda",
+        "steps": 20,
+        "loss_first": 1.4,
+        "loss_last": 0.3,
+        "loss_fell": True,
+    },
+    "allreduce": {
+        "backend": "nccl",
+        "world_size": 1,
+        "correct": True,
+        "expected": 1.0,
+        "got": 1.0,
+        "busbw_gbps": 0.0,
+    },
+    "errors": [],
+}
+
+
+def failing(report: dict[str, Any], *, gpus: bool = True) -> dict[str, str]:
+    return {c.name: c.detail for c in check_report(report, LABELS, gpus=gpus) if not c.passed}
+
+
+def test_a_matching_report_passes() -> None:
+    assert failing(REPORT) == {}
+
+
+def test_a_different_torch_is_named() -> None:
+    report = copy.deepcopy(REPORT)
+    report["versions"]["framework"] = "2.5.0+cu121"
+    assert failing(report) == {"framework_version": "torch 2.5.0+cu121 (labels say 2.4.1)"}
+
+
+def test_a_cpu_wheel_in_a_cuda_image_fails() -> None:
+    report = copy.deepcopy(REPORT)
+    report["versions"].update(cuda=None, cudnn=None, nccl=None)
+    assert set(failing(report)) == {"cuda_version"}
+
+
+def test_python_cudnn_and_nccl_mismatches_fail() -> None:
+    report = copy.deepcopy(REPORT)
+    report["versions"].update(python="3.12.1", cudnn="9.5.1", nccl="2.21.5")
+    assert set(failing(report)) == {"python_version", "cudnn_version", "nccl_version"}
+
+
+def test_a_loss_that_does_not_fall_fails() -> None:
+    report = copy.deepcopy(REPORT)
+    report["train"].update(loss_last=1.4, loss_fell=False)
+    report["ok"] = False
+    assert {"loss_fell", "payload"} <= set(failing(report))
+
+
+def test_on_cpu_the_all_reduce_needs_two_ranks() -> None:
+    report = copy.deepcopy(REPORT)
+    report["versions"].update(cuda=None, cudnn=None, nccl=None)
+    cpu_labels = {**LABELS, "org.envbuild.cuda": "cpu"}
+    checks = {c.name: c for c in check_report(report, cpu_labels, gpus=False)}
+    assert not checks["allreduce"].passed
+    report["allreduce"].update(world_size=2, backend="gloo", expected=3.0, got=3.0)
+    checks = {c.name: c for c in check_report(report, cpu_labels, gpus=False)}
+    assert all(c.passed for c in checks.values())
+
+
+def test_payload_errors_are_reported() -> None:
+    report = copy.deepcopy(REPORT)
+    report["errors"] = ["allreduce: RuntimeError: rank 1 died"]
+    assert failing(report) == {"payload": "allreduce: RuntimeError: rank 1 died"}
