@@ -19,9 +19,19 @@ def default_tag(suite: str) -> str:
 
 
 def bootstrap_base(
-    engine: Engine, *, suite: str, tag: str, mirror: str = DEFAULT_MIRROR, force: bool = False
+    engine: Engine,
+    *,
+    suite: str,
+    tag: str,
+    mirror: str = DEFAULT_MIRROR,
+    with_python: bool = False,
+    force: bool = False,
 ) -> tuple[str, bool]:
-    """debootstrap a minimal `suite` and import it as `tag`; return (image id, created)."""
+    """debootstrap a minimal `suite` and import it as `tag`; return (image id, created).
+
+    With `with_python` the suite's own python3 and venv module are included, so builds on
+    this base need no package archive (offline builds from a complete wheelhouse).
+    """
     existing = engine.image(tag)
     if existing is not None and not force:
         return existing.id, False
@@ -30,8 +40,9 @@ def bootstrap_base(
         raise BadInput(msg)
     with tempfile.TemporaryDirectory(prefix="envbuild-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
+        include = ["--include=python3,python3-venv"] if with_python else []
         result = subprocess.run(
-            ["debootstrap", "--variant=minbase", suite, str(root), mirror],
+            ["debootstrap", "--variant=minbase", *include, suite, str(root), mirror],
             capture_output=True,
             text=True,
             check=False,

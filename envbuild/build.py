@@ -111,6 +111,7 @@ def build_entry(
                 labels=labels,
                 build_args=context.build_args,
                 on_line=record,
+                network=not context.offline,
             )
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"

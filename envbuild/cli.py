@@ -343,15 +343,24 @@ def base() -> None:
 @click.option("--suite", default="bookworm", show_default=True, help="Debian suite.")
 @click.option("--tag", metavar="REF", help="Image reference [default: envbuild/base:SUITE].")
 @click.option("--mirror", default="http://deb.debian.org/debian", show_default=True)
+@click.option(
+    "--with-python", is_flag=True, help="Include the suite's python3 and venv (for offline builds)."
+)
 @click.option("--force", is_flag=True, help="Rebuild even if the tag exists.")
 @reports_errors
-def base_bootstrap(suite: str, tag: str | None, mirror: str, force: bool) -> None:
+def base_bootstrap(
+    suite: str, tag: str | None, mirror: str, with_python: bool, force: bool
+) -> None:
     """Make a minimal Debian base image with debootstrap and docker import."""
     from envbuild.base import bootstrap_base, default_tag
     from envbuild.engine import Engine
 
     engine = Engine.connect()
     ref = tag or default_tag(suite)
-    image_id, created = bootstrap_base(engine, suite=suite, tag=ref, mirror=mirror, force=force)
+    if force or engine.image(ref) is None:
+        click.echo(f"bootstrapping {ref} from {mirror} (about 30 s)", err=True)
+    image_id, created = bootstrap_base(
+        engine, suite=suite, tag=ref, mirror=mirror, with_python=with_python, force=force
+    )
     state = "created" if created else "already present"
     click.echo(f"{ref} {state}: {image_id}")

@@ -18,7 +18,7 @@ import docker.errors
 import requests
 from docker.types import DeviceRequest
 
-from envbuild.errors import BuildFailed, EngineUnavailable, EnvbuildError
+from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
 from envbuild.models import BaseProbe
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ class Engine:
         labels: dict[str, str],
         build_args: dict[str, str],
         on_line: Callable[[str], None],
+        network: bool = True,
     ) -> str:
         """Build with the classic builder, streaming every output line; return the image id."""
         image_id: str | None = None
@@ -145,6 +146,7 @@ class Engine:
                 forcerm=True,
                 pull=False,
                 decode=True,
+                network_mode=None if network else "none",
             )
             for chunk in stream:
                 if "stream" in chunk:
@@ -191,7 +193,7 @@ class Engine:
                 f"base image {ref} is not in the local engine; pull it, or make one with "
                 "`envbuild base bootstrap` and pass --base-image"
             )
-            raise EnvbuildError(msg)
+            raise BadInput(msg)
         result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
         fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
         os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")

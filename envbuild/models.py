@@ -204,6 +204,7 @@ class BuildContext:
     build_args: dict[str, str]  # never hashed, never written: may hold credentials
     content_hash: str
     labels: dict[str, str]
+    offline: bool = False  # build with no network: everything comes from the context
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -136,6 +136,7 @@ def render_entry(
         build_args=build_args,
         content_hash=content_hash,
         labels={"org.envbuild.content-hash": content_hash},
+        offline=options.offline,
     )
 
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Prepare a Debian host (as root) for envbuild and its tests:
+#   a Docker engine (installed and started when `docker info` fails), debootstrap,
+#   a virtual environment at .venv with envbuild and its test tools, and ./wheelhouse
+#   holding the torch CPU wheel the default CPU image is built from, with its dependencies.
+# Base images are made by the callers (scripts/main-job.sh, scripts/test.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'host-setup: %s\n' "$*" >&2; }
+
+need_apt=()
+command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+if ((${#need_apt[@]})); then
+  say "installing ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  say "starting dockerd (log: /var/log/envbuild-dockerd.log)"
+  nohup dockerd >/var/log/envbuild-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { say "dockerd did not come up; see /var/log/envbuild-dockerd.log"; exit 1; }
+fi
+
+if [ ! -x .venv/bin/envbuild ]; then
+  say "creating .venv"
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+
+bash scripts/wheelhouse.sh

@@ -1,0 +1,106 @@
+"""Fixtures for the tiers that use a real Docker engine (integration, e2e).
+
+Nothing here skips: a missing engine, base image or wheel fails the run with the fix to apply.
+Every image the tests make is tagged under TEST_REPOSITORY or labelled TEST_LABEL and removed at
+the end of the session (and leftovers of an interrupted session at its start).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from envbuild.engine import Engine
+from envbuild.errors import EngineUnavailable
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_REPOSITORY = "envbuild-test/{framework}"
+TEST_LABEL = "org.envbuild.test"
+DEFAULT_BASE = "envbuild/base:bookworm"
+# Credentials in the index URL: PyPI ignores them, and the tests check none reach the image.
+SECRET = "s3cret-envbuild-test"
+TEST_INDEX = f"https://envbuild-test:{SECRET}@pypi.org/simple"
+
+
+def envbuild(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 3600
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed CLI as a user would, in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "envbuild", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def _remove_test_images(client: docker.DockerClient) -> None:
+    for image in client.images.list():
+        if any(tag.startswith("envbuild-test/") for tag in image.tags):
+            for tag in image.tags:
+                if tag.startswith("envbuild-test/"):
+                    client.images.remove(tag, force=True)
+    for image in client.images.list(filters={"label": TEST_LABEL}):
+        client.images.remove(image.id, force=True)
+    client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=builder"})
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    try:
+        Engine.connect()
+    except EngineUnavailable as exc:
+        pytest.fail(f"{exc.message} (these tests need a real engine; .ci/run starts one)")
+    client = docker.from_env(timeout=600)
+    _remove_test_images(client)
+    yield client
+    _remove_test_images(client)
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def engine(docker_client: docker.DockerClient) -> Engine:
+    return Engine.connect()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: docker.DockerClient) -> str:
+    ref = os.environ.get("ENVBUILD_TEST_BASE", DEFAULT_BASE)
+    try:
+        docker_client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        result = envbuild("base", "bootstrap", "--suite", "bookworm", "--tag", ref)
+        assert result.returncode == 0, f"cannot make the base image {ref}: {result.stderr}"
+    return ref
+
+
+@pytest.fixture(scope="session")
+def ca_bundle() -> Path:
+    path = Path(os.environ.get("ENVBUILD_TEST_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"))
+    assert path.is_file(), f"no CA bundle at {path}; set ENVBUILD_TEST_CA_BUNDLE"
+    return path
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding only the torch CPU wheel: its dependencies must come from PyPI."""
+    source = Path(os.environ.get("ENVBUILD_TEST_WHEELHOUSE", REPO / "wheelhouse"))
+    wheels = list(source.glob("torch-2.13.0+cpu-cp311-*.whl"))
+    assert wheels, (
+        f"no torch 2.13.0 CPU wheel in {source}; run scripts/wheelhouse.sh (or set ENVBUILD_TEST_WHEELHOUSE)"
+    )
+    path = tmp_path_factory.mktemp("wheelhouse")
+    try:
+        (path / wheels[0].name).hardlink_to(wheels[0])
+    except OSError:
+        shutil.copyfile(wheels[0], path / wheels[0].name)
+    return path

@@ -1,0 +1,158 @@
+"""A real torch CPU image: built from a wheelhouse and PyPI, smoke-tested, rebuilt as a no-op."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from tests.docker_support import SECRET, TEST_INDEX, TEST_LABEL, TEST_REPOSITORY, envbuild
+
+pytestmark = pytest.mark.e2e
+
+IMAGE = "envbuild-test/torch:2.13.0-cpu-py3.11-bookworm"
+
+
+def build_args(base_image: str, wheelhouse: Path, ca_bundle: Path, report: Path) -> list[str]:
+    return [
+        "build", "--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu",
+        "--python", "3.11", "--base-image", base_image, "--wheelhouse", str(wheelhouse),
+        "--ca-bundle", str(ca_bundle), "--index-url", TEST_INDEX,
+        "--repository", TEST_REPOSITORY, "--report", str(report),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def first_build(
+    docker_client: docker.DockerClient,
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Any, dict[str, Any], list[str]]:
+    report = tmp_path_factory.mktemp("cpu") / "r.json"
+    args = build_args(base_image, wheelhouse, ca_bundle, report)
+    result = envbuild(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads(report.read_text()), args
+
+
+def test_the_image_is_built_and_proves_it_trains(
+    first_build: tuple[Any, dict[str, Any], list[str]],
+) -> None:
+    _, report, _ = first_build
+    (result,) = report["results"]
+    assert result["status"] == "built"
+    assert result["entry"]["id"] == "torch2.13.0-cpu-py3.11-bookworm"
+    assert IMAGE in result["image"]["tags"]
+    smoke = result["smoke"]
+    assert smoke["passed"] is True
+    assert all(check["passed"] for check in smoke["checks"])
+    assert smoke["train"]["loss_last"] < smoke["train"]["loss_first"]
+    allreduce = smoke["allreduce"]
+    assert (allreduce["backend"], allreduce["world_size"], allreduce["correct"]) == (
+        "gloo",
+        2,
+        True,
+    )
+    assert allreduce["got"] == allreduce["expected"] == 3.0
+    assert allreduce["busbw_gbps"] == pytest.approx(allreduce["algbw_gbps"] * 2 * (2 - 1) / 2)
+    assert smoke["versions"]["framework"] == "2.13.0+cpu"
+    assert smoke["versions"]["cuda"] is None
+    assert Path(result["image"]["log"]).read_text().count("Step ") >= 10
+
+
+def test_the_image_is_labelled(docker_client: docker.DockerClient, first_build: object) -> None:
+    labels = docker_client.images.get(IMAGE).labels
+    assert labels["org.envbuild.framework-version"] == "2.13.0"
+    assert labels["org.envbuild.cuda"] == "cpu"
+    assert labels["org.envbuild.python"] == "3.11"
+    assert len(labels["org.envbuild.content-hash"]) == 64
+    assert labels["org.opencontainers.image.version"] == "2.13.0"
+    assert "org.envbuild.stage" not in labels
+
+
+def test_no_helper_file_or_credential_reaches_the_image(
+    docker_client: docker.DockerClient, first_build: object
+) -> None:
+    image = docker_client.images.get(IMAGE)
+    history = json.dumps(image.history())
+    config = json.dumps(image.attrs)
+    for needle in (SECRET, "/tmp/envbuild", "ca.crt", "PIP_INDEX_URL", "wheelhouse"):
+        assert needle not in history, needle
+        assert needle not in config, needle
+    listing = docker_client.containers.run(
+        IMAGE,
+        [
+            "sh",
+            "-c",
+            "test -e /tmp/envbuild && echo HELPERS-PRESENT; test -e /root/.cache/pip && echo PIP-CACHE; "
+            "find / -xdev \\( -name ca.crt -o -name 'torch-*.whl' \\) -print",
+        ],
+        remove=True,
+        network_mode="none",
+    ).decode()
+    assert listing.strip() == ""
+
+
+def test_the_same_build_again_builds_nothing(
+    first_build: tuple[Any, dict[str, Any], list[str]], tmp_path: Path
+) -> None:
+    _, first, args = first_build
+    report = tmp_path / "again.json"
+    args = [*args[:-1], str(report), "--no-smoke"]
+    result = envbuild(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "not rebuilt" in result.stderr
+    (again,) = json.loads(report.read_text())["results"]
+    assert again["status"] == "found"
+    assert again["image"]["id"] == first["results"][0]["image"]["id"]
+
+
+def derive(
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+    tag: str,
+    dockerfile: str,
+    files: dict[str, str],
+) -> str:
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    docker_client.images.build(path=str(tmp_path), tag=tag, labels={TEST_LABEL: "1"}, rm=True)
+    return tag
+
+
+def test_smoke_fails_when_torch_differs_from_the_labels(
+    docker_client: docker.DockerClient, first_build: object, tmp_path: Path
+) -> None:
+    tag = derive(
+        docker_client, tmp_path, "envbuild-test-derived/mislabelled:1",
+        f'FROM {IMAGE}\nLABEL org.envbuild.framework-version="2.12.0"\n', {},
+    )  # fmt: skip
+    result = envbuild("smoke", tag, "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    failed = {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
+    assert failed == {"framework_version": "torch 2.13.0+cpu (labels say 2.12.0)"}
+    assert "torch 2.13.0+cpu (labels say 2.12.0)" in result.stderr
+
+
+def test_smoke_fails_when_the_loss_does_not_fall(
+    docker_client: docker.DockerClient, first_build: object, tmp_path: Path
+) -> None:
+    # A broken environment: an optimizer whose step does nothing, loaded by a .pth at start-up.
+    sabotage = "import torch.optim\ntorch.optim.SGD.step = lambda self, closure=None: None\n"
+    site = "/opt/venv/lib/python3.11/site-packages/"
+    tag = derive(
+        docker_client, tmp_path, "envbuild-test-derived/frozen-optimizer:1",
+        f"FROM {IMAGE}\nCOPY frozen_optimizer.py frozen_optimizer.pth {site}\n",
+        {"frozen_optimizer.py": sabotage, "frozen_optimizer.pth": "import frozen_optimizer\n"},
+    )  # fmt: skip
+    result = envbuild("smoke", tag)
+    assert result.returncode == 1
+    assert "FAIL loss_fell" in result.stdout
+    assert "smoke test of" in result.stderr

@@ -1,0 +1,56 @@
+"""The engine boundary: unreachable engines, base probing, bad bases, images that are not torch."""
+
+from __future__ import annotations
+
+from envbuild.engine import Engine
+from tests.docker_support import envbuild
+
+
+def test_an_unreachable_engine_exits_3_without_a_traceback() -> None:
+    result = envbuild(
+        "build", "--framework-version", "2.13.0", "--cuda", "cpu",
+        env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert "cannot reach the Docker engine" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_probe_reads_os_and_python(engine: Engine, base_image: str) -> None:
+    probe = engine.probe_base(base_image)
+    assert (probe.os_id, probe.os_codename, probe.python) == ("debian", "bookworm", None)
+    assert probe.image_id.startswith("sha256:")
+
+
+def test_a_base_whose_python_cannot_match_is_refused_before_building(base_image: str) -> None:
+    result = envbuild(
+        "build", "--framework-version", "2.13.0", "--cuda", "cpu", "--python", "3.12",
+        "--base-image", base_image, "--repository", "envbuild-test/{framework}",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        "bookworm provides Python 3.11, but torch2.13.0-cpu-py3.12-bookworm needs 3.12"
+        in result.stderr
+    )
+    assert "Step 1" not in result.stderr
+
+
+def test_a_missing_base_image_is_named(docker_client: object) -> None:
+    result = envbuild(
+        "build", "--framework-version", "2.13.0", "--cuda", "cpu",
+        "--base-image", "envbuild-test/no-such-base:1",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "base image envbuild-test/no-such-base:1 is not in the local engine" in result.stderr
+
+
+def test_smoke_of_an_image_without_torch_fails(base_image: str) -> None:
+    result = envbuild("smoke", base_image, "--timeout", "60")
+    assert result.returncode == 1
+    assert "without a JSON report" in result.stdout
+
+
+def test_smoke_of_a_missing_image_is_bad_input(docker_client: object) -> None:
+    result = envbuild("smoke", "envbuild-test/absent:nope")
+    assert result.returncode == 2
+    assert "is not in the local engine" in result.stderr
