@@ -56,11 +56,18 @@ def check_base(knowledge: Knowledge, entry: Entry, probe: BaseProbe) -> None:
 
 
 def prepare(
-    engine: Engine, knowledge: Knowledge, entry: Entry, options: BuildOptions
+    engine: Engine,
+    knowledge: Knowledge,
+    entry: Entry,
+    options: BuildOptions,
+    probes: dict[str, BaseProbe] | None = None,
 ) -> BuildContext:
-    """Probe the base image, check it fits the entry, and render the build context."""
+    """Probe the base image (once per reference in `probes`), check it fits, render the context."""
     base_ref = options.base_image or entry.base_image
-    probe = engine.probe_base(base_ref)
+    probes = {} if probes is None else probes
+    if base_ref not in probes:
+        probes[base_ref] = engine.probe_base(base_ref)
+    probe = probes[base_ref]
     check_base(knowledge, entry, probe)
     return render_entry(entry, options, probe)
 

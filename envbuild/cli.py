@@ -255,7 +255,9 @@ def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) ->
     options = _build_options(kwargs)
     knowledge, _, result = _plan(kwargs, newest_only=True)
     engine = Engine.connect()
-    contexts = [prepare(engine, knowledge, entry, options) for entry in result.entries]
+    probes: dict[str, Any] = {}
+    # Every entry is checked against its base before the first build starts.
+    contexts = [prepare(engine, knowledge, entry, options, probes) for entry in result.entries]
     results: list[EntryResult] = []
     total = len(contexts)
     for number, context in enumerate(contexts, start=1):

@@ -187,13 +187,7 @@ class Engine:
 
     def probe_base(self, ref: str) -> BaseProbe:
         """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
-        image = self.image(ref)
-        if image is None:
-            msg = (
-                f"base image {ref} is not in the local engine; pull it, or make one with "
-                "`envbuild base bootstrap` and pass --base-image"
-            )
-            raise BadInput(msg)
+        image = self.image(ref) or self._pull(ref)
         result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
         fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
         os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
@@ -204,6 +198,18 @@ class Engine:
             os_codename=codename,
             python=fields.get("python"),
         )
+
+    def _pull(self, ref: str) -> ImageInfo:
+        """Pull a missing base image; BadInput naming the way out when the registry says no."""
+        log.info("pulling %s", ref)
+        try:
+            return _info(self._client.images.pull(ref))
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            msg = (
+                f"base image {ref} is not in the local engine and cannot be pulled ({_short(exc)}); "
+                "make one with `envbuild base bootstrap` and pass --base-image"
+            )
+            raise BadInput(msg) from exc
 
     def run(
         self,

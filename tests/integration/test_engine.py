@@ -41,7 +41,7 @@ def test_a_missing_base_image_is_named(docker_client: object) -> None:
         "--base-image", "envbuild-test/no-such-base:1",
     )  # fmt: skip
     assert result.returncode == 2
-    assert "base image envbuild-test/no-such-base:1 is not in the local engine" in result.stderr
+    assert "base image envbuild-test/no-such-base:1 is not in the local engine and cannot be pulled" in result.stderr
 
 
 def test_smoke_of_an_image_without_torch_fails(base_image: str) -> None:
