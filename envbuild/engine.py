@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
@@ -70,15 +69,11 @@ class Engine:
             raise EngineUnavailable(msg) from exc
         return cls(client)
 
-    def version(self) -> str:
-        """The engine's version string."""
-        return str(self._client.version().get("Version", "unknown"))
-
     def has_nvidia_runtime(self) -> bool:
-        """True when the engine can hand GPUs to containers (NVIDIA runtime or CDI)."""
-        info = self._client.info()
-        runtimes = info.get("Runtimes") or {}
-        return "nvidia" in runtimes or bool(info.get("CDISpecDirs"))
+        """True when the engine has the NVIDIA container runtime to hand GPUs to containers."""
+        # Not CDISpecDirs: recent engines list /etc/cdi whether or not a GPU spec is in it.
+        runtimes = self._client.info().get("Runtimes") or {}
+        return "nvidia" in runtimes
 
     # -- images -------------------------------------------------------------
 
@@ -102,26 +97,12 @@ class Engine:
         images.sort(key=lambda i: str(i.attrs.get("Created", "")), reverse=True)
         return _info(images[0])
 
-    def images_with_label(self, key: str, value: str | None = None) -> list[ImageInfo]:
-        """Every local image carrying the label (with that value, if given)."""
-        selector = key if value is None else f"{key}={value}"
-        return [_info(i) for i in self._client.images.list(filters={"label": selector})]
-
     def tag(self, image_id: str, ref: str) -> None:
         """Point `ref` (repo:tag) at the image."""
         repository, _, tag = ref.rpartition(":")
         if not repository or "/" in tag:
             repository, tag = ref, "latest"
         self._client.images.get(image_id).tag(repository, tag)
-
-    def remove_image(self, ref: str, *, force: bool = True) -> None:
-        """Remove an image if it exists."""
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            self._client.images.remove(ref, force=force, noprune=False)
-
-    def prune_dangling(self, label: str) -> None:
-        """Remove untagged images carrying `label` (the builder stages envbuild leaves behind)."""
-        self._client.images.prune(filters={"dangling": True, "label": label})
 
     def build(
         self,

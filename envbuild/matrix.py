@@ -20,7 +20,7 @@ from envbuild.resources import matrices_dir
 
 AXES = ("framework", "framework_version", "cuda", "python", "os")
 TOP_KEYS = ("description", "defaults", "axes", "include", "exclude")
-DEFAULT_KEYS = ("python", "os", "repository", *("framework_version", "cuda"))
+DEFAULT_KEYS = ("python", "os", "repository", "framework_version", "cuda")
 LATEST = "latest"
 DEFAULT_REPOSITORY = "envbuild/{framework}"
 

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from envbuild.engine import Engine
-from envbuild.errors import BadInput, EnvbuildError
+from envbuild.errors import BadInput
 from envbuild.models import CPU, SmokeCheck, SmokeResult
 from envbuild.resources import payload_path
 
@@ -180,10 +180,3 @@ def smoke_image(
         seconds=time.monotonic() - start,
         stderr_tail=result.stderr.strip()[-2000:],
     )
-
-
-def require_payload(framework: str) -> None:
-    """Fail early when a framework has no payload script."""
-    if not payload_path(framework).is_file():
-        msg = f"no smoke payload for {framework}"
-        raise EnvbuildError(msg)

@@ -20,6 +20,10 @@ if ((${#need_apt[@]})); then
 fi
 
 if ! docker info >/dev/null 2>&1; then
+  # A dockerd that was killed leaves its pid file behind, and a new one refuses to start.
+  if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
+    rm -f /var/run/docker.pid
+  fi
   say "starting dockerd (log: /var/log/envbuild-dockerd.log)"
   nohup dockerd >/var/log/envbuild-dockerd.log 2>&1 &
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
