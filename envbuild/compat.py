@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from packaging.version import InvalidVersion, Version
-
 from envbuild.knowledge import cuda_tag, version_sort_key
 from envbuild.models import CPU, Combination, Entry, Install, Knowledge, Release
 
@@ -101,13 +99,6 @@ def judge(knowledge: Knowledge, combo: Combination) -> str | None:
     return None
 
 
-def _driver(text: str) -> Version:
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return Version("0")
-
-
 def driver_supports(knowledge: Knowledge, cuda: str, driver: str) -> str | None:
     """None if a host driver runs builds for `cuda` (minor-version compatibility), else why not."""
     if cuda == CPU:
@@ -116,7 +107,7 @@ def driver_supports(knowledge: Knowledge, cuda: str, driver: str) -> str | None:
     floor = knowledge.cuda_family_driver.get(major)
     if floor is None:
         return f"no driver floor is known for CUDA {major}.x"
-    if _driver(driver) >= _driver(floor):
+    if version_sort_key(driver) >= version_sort_key(floor):
         return None
     return f"CUDA {cuda} needs driver >= {floor} (CUDA {major}.x minor-version compatibility); driver {driver} is older"
 

@@ -80,26 +80,28 @@ def check_report(
             ),
         )
     )
-    expect_python = labels.get("org.envbuild.python")
-    if expect_python:
-        got = _major_minor(versions.get("python"))
-        checks.append(
-            SmokeCheck(
-                name="python_version",
-                passed=got == expect_python,
-                detail=f"Python {versions.get('python')} (labels say {expect_python})",
+    framework = labels.get("org.envbuild.framework", "framework")
+    comparisons = (
+        ("python_version", "org.envbuild.python", "python", _major_minor, "Python"),
+        (
+            "framework_version",
+            "org.envbuild.framework-version",
+            "framework",
+            _version_base,
+            framework,
+        ),
+    )
+    for name, label, key, normalize, what in comparisons:
+        expected = labels.get(label)
+        if expected:
+            got = versions.get(key)
+            checks.append(
+                SmokeCheck(
+                    name=name,
+                    passed=normalize(got) == expected,
+                    detail=f"{what} {got} (labels say {expected})",
+                )
             )
-        )
-    expect_framework = labels.get("org.envbuild.framework-version")
-    if expect_framework:
-        got = _version_base(versions.get("framework"))
-        checks.append(
-            SmokeCheck(
-                name="framework_version",
-                passed=got == expect_framework,
-                detail=f"{labels.get('org.envbuild.framework', 'framework')} {versions.get('framework')} (labels say {expect_framework})",
-            )
-        )
     expect_cuda = labels.get("org.envbuild.cuda")
     if expect_cuda:
         got_cuda = versions.get("cuda")
