@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from envbuild import __version__
-from envbuild.errors import EXIT_FAILED, EnvbuildError
+from envbuild.errors import EXIT_FAILED, EnvbuildError, SelectionError
 
 if TYPE_CHECKING:
     from envbuild.matrix import Matrix
-    from envbuild.models import Knowledge, Plan, Selection
+    from envbuild.models import Fleet, Knowledge, Plan, Selection
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,7 +93,7 @@ def _selection(kwargs: dict[str, Any]) -> Selection:
 
 
 def _plan(
-    kwargs: dict[str, Any], *, driver: str | None = None, newest_only: bool = False
+    kwargs: dict[str, Any], *, fleet: Fleet | None = None, newest_only: bool = False
 ) -> tuple[Knowledge, Matrix, Plan]:
     from envbuild.knowledge import load_knowledge
     from envbuild.matrix import (
@@ -116,9 +116,44 @@ def _plan(
     repository = kwargs.pop("repository")
     if repository:
         matrix = dataclasses.replace(matrix, repository=repository)
-    plan = make_plan(knowledge, matrix, selection, driver=driver, newest_only=newest_only)
-    require_entries(plan, matrix, selection)
+    plan = make_plan(knowledge, matrix, selection, fleet=fleet, newest_only=newest_only)
+    try:
+        require_entries(plan, matrix, selection)
+    except SelectionError as exc:
+        if fleet is None:
+            raise
+        msg = f"{exc.message}; {_fleet_alternatives(knowledge, selection, fleet)}"
+        raise SelectionError(msg) from exc
     return knowledge, matrix, plan
+
+
+def _fleet_alternatives(knowledge: Knowledge, selection: Selection, fleet: Fleet) -> str:
+    """What a fleet can run when a selection leaves it nothing: newest release per variant."""
+    from envbuild.knowledge import cuda_tag, version_sort_key
+    from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
+
+    relaxed = dataclasses.replace(selection, cuda=None, framework_version=None)
+    defaults = load_matrix(default_matrix_path(), knowledge)
+    plan = make_plan(
+        knowledge, knowledge_matrix(knowledge, relaxed, defaults), relaxed, fleet=fleet
+    )
+    newest: dict[tuple[str, str], str] = {}
+    for entry in plan.entries:  # releases come in ascending order
+        newest[(entry.framework, entry.cuda)] = entry.framework_version
+    if not newest:
+        return "that fleet can run nothing in the knowledge base"
+    # Newest releases first; among them the highest CUDA first, CPU last.
+    ordered = sorted(
+        newest.items(),
+        key=lambda item: (
+            version_sort_key(item[1]),
+            item[0][1] != "cpu",
+            version_sort_key(item[0][1]) if item[0][1] != "cpu" else version_sort_key("0"),
+        ),
+        reverse=True,
+    )
+    shown = [f"{fw} {version} {cuda_tag(cuda)}" for (fw, cuda), version in ordered[:5]]
+    return "that fleet can run e.g. " + ", ".join(shown)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -136,30 +171,56 @@ def main(verbose: bool) -> None:
 @selectors
 @click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
 @click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="GPU",
+    help="Drop entries that cannot run on this GPU (H100, 'RTX 4090', sm_90, 9.0); repeatable.",
+)
+@click.option("--explain", is_flag=True, help="Show the facts behind each decision, with sources.")
+@click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 @reports_errors
-def plan(driver: str | None, fmt: str, **kwargs: Any) -> None:
+def plan(driver: str | None, gpus: tuple[str, ...], explain: bool, fmt: str, **kwargs: Any) -> None:
     """Show what would be built, and what cannot be and why."""
+    from envbuild.knowledge import load_knowledge
     from envbuild.report import plan_document, plan_table
 
-    if driver is not None:
-        _check_driver(driver)
-    _, _, result = _plan(kwargs, driver=driver)
+    fleet = _fleet(load_knowledge(), driver, gpus)
+    _, _, result = _plan(kwargs, fleet=fleet)
     if fmt == "json":
-        click.echo(json.dumps(plan_document(result), indent=2))
+        click.echo(json.dumps(plan_document(result, explain=explain), indent=2))
     else:
-        click.echo("\n".join(plan_table(result)))
+        click.echo("\n".join(plan_table(result, explain=explain)))
 
 
-def _check_driver(driver: str) -> None:
+def _fleet(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> Fleet | None:
+    import difflib
     import re
 
+    from envbuild.compat import find_gpu
     from envbuild.errors import BadInput
+    from envbuild.models import Fleet
 
-    if not re.fullmatch(r"\d+(\.\d+){0,2}", driver):
+    if driver is None and not gpus:
+        return None
+    if driver is not None and not re.fullmatch(r"\d+(\.\d+){0,2}", driver):
         msg = f"--driver {driver!r} is not a driver version (e.g. 535.104.05)"
         raise BadInput(msg)
+    found = []
+    for text in gpus:
+        gpu = find_gpu(knowledge, text)
+        if gpu is None:
+            close = difflib.get_close_matches(text, list(knowledge.gpus), n=3, cutoff=0.4)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            msg = (
+                f"--gpu {text!r} is not a GPU envbuild knows{hint} "
+                "(or give its compute capability: sm_90 or 9.0)"
+            )
+            raise BadInput(msg)
+        found.append(gpu)
+    return Fleet(driver=driver, gpus=tuple(found))
 
 
 def _build_options(kwargs: dict[str, Any]) -> Any:
@@ -334,6 +395,35 @@ def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
         failed = ", ".join(c.detail for c in result.checks if not c.passed)
         click.echo(f"envbuild: smoke test of {image} failed: {failed}", err=True)
         sys.exit(EXIT_FAILED)
+
+
+@main.command()
+@click.option(
+    "-m",
+    "--matrix",
+    "matrix_file",
+    type=click.Path(path_type=Path),
+    help="Matrix to check against [default: matrices/default.yaml].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@reports_errors
+def doctor(matrix_file: Path | None, as_json: bool) -> None:
+    """What this host has (engine, driver, GPUs, shm, disk) and which images it can run."""
+    from envbuild.doctor import examine_host, report_lines
+    from envbuild.errors import EXIT_NO_ENGINE
+    from envbuild.knowledge import load_knowledge
+    from envbuild.matrix import default_matrix_path, load_matrix
+    from envbuild.models import Selection
+
+    knowledge = load_knowledge()
+    matrix = load_matrix(matrix_file or default_matrix_path(), knowledge)
+    report = examine_host(knowledge, matrix, Selection())
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo("\n".join(report_lines(report)))
+    if not report.engine["reachable"]:
+        sys.exit(EXIT_NO_ENGINE)
 
 
 @main.group()

@@ -1,18 +1,37 @@
-"""The compatibility rules: pure functions over the knowledge base and one combination."""
+"""The compatibility rules: pure functions over the knowledge base and one combination.
+
+Every rule returns a Fact: what was checked, whether it held, and the source it rests on, so
+`plan --explain` can show the chain behind each decision.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from envbuild.knowledge import cuda_tag, version_sort_key
-from envbuild.models import CPU, Combination, Entry, Install, Knowledge, Release
+from envbuild.models import (
+    CPU,
+    ArchBuild,
+    Combination,
+    Entry,
+    Fact,
+    Fleet,
+    Gpu,
+    Install,
+    Knowledge,
+    Release,
+)
 
-Rule = Callable[[Knowledge, Combination], str | None]
+Rule = Callable[[Knowledge, Combination], Fact]
 
 
 def _release(knowledge: Knowledge, combo: Combination) -> Release | None:
     framework = knowledge.frameworks.get(combo.framework)
     return framework.release(combo.framework_version) if framework else None
+
+
+def _source(knowledge: Knowledge, source_id: str) -> str:
+    return knowledge.sources.get(source_id, source_id)
 
 
 def _shipped(release: Release) -> str:
@@ -24,61 +43,125 @@ def _span(versions: tuple[str, ...]) -> str:
     return f"{ordered[0]}-{ordered[-1]}" if ordered else "none"
 
 
-def framework_is_known(knowledge: Knowledge, combo: Combination) -> str | None:
+def _what(cuda: str) -> str:
+    return "CPU-only" if cuda == CPU else cuda_tag(cuda)
+
+
+def framework_is_known(knowledge: Knowledge, combo: Combination) -> Fact:
     """The framework must be one the knowledge base describes."""
+    known = ", ".join(sorted(knowledge.frameworks))
     if combo.framework in knowledge.frameworks:
-        return None
-    return (
-        f"unknown framework {combo.framework!r}; known: {', '.join(sorted(knowledge.frameworks))}"
+        return Fact(
+            holds=True,
+            text=f"{combo.framework} is described by the knowledge base",
+            source="matrices/knowledge",
+        )
+    return Fact(
+        holds=False,
+        text=f"unknown framework {combo.framework!r}; known: {known}",
+        source="matrices/knowledge",
     )
 
 
-def release_is_known(knowledge: Knowledge, combo: Combination) -> str | None:
+def release_is_known(knowledge: Knowledge, combo: Combination) -> Fact:
     """The framework version must be a release the knowledge base lists."""
-    framework = knowledge.frameworks.get(combo.framework)
-    if framework is None or framework.release(combo.framework_version):
-        return None
+    framework = knowledge.frameworks[combo.framework]
+    release = framework.release(combo.framework_version)
+    if release is not None:
+        when = f" (released {release.released})" if release.released else ""
+        return Fact(
+            holds=True,
+            text=f"{combo.framework} {release.version} is a release{when}",
+            source=_source(knowledge, release.source),
+        )
     known = [r.version for r in framework.releases]
-    return (
-        f"{combo.framework} {combo.framework_version} is not a known release "
-        f"(known: {known[0]} … {known[-1]}; `envbuild plan --framework {combo.framework}` lists them)"
+    return Fact(
+        holds=False,
+        text=(
+            f"{combo.framework} {combo.framework_version} is not a known release "
+            f"(known: {known[0]} ... {known[-1]}; `envbuild plan --framework {combo.framework}` lists them)"
+        ),
+        source="matrices/knowledge",
     )
 
 
-def variant_is_published(knowledge: Knowledge, combo: Combination) -> str | None:
+def variant_is_published(knowledge: Knowledge, combo: Combination) -> Fact:
     """The release must have published wheels for the requested CUDA (or CPU)."""
     release = _release(knowledge, combo)
-    if release is None or release.variant(combo.cuda):
-        return None
-    what = "CPU-only" if combo.cuda == CPU else cuda_tag(combo.cuda)
-    return (
-        f"{combo.framework} {combo.framework_version} publishes no {what} wheels; "
-        f"it ships {_shipped(release)}"
+    assert release is not None  # release_is_known ran first
+    variant = release.variant(combo.cuda)
+    if variant is None:
+        return Fact(
+            holds=False,
+            text=(
+                f"{combo.framework} {combo.framework_version} publishes no {_what(combo.cuda)} "
+                f"wheels; it ships {_shipped(release)}"
+            ),
+            source=_source(knowledge, release.source),
+        )
+    where = "PyPI's plain wheel" if variant.cuda == release.pypi_variant else "a published variant"
+    bundled = ", ".join(
+        f"{name} {value}"
+        for name, value in (("cuDNN", variant.cudnn), ("NCCL", variant.nccl))
+        if value
+    )
+    return Fact(
+        holds=True,
+        text=f"{combo.framework} {release.version} {_what(combo.cuda)} is {where}"
+        + (f", bundling {bundled}" if bundled else ""),
+        source=_source(knowledge, variant.source),
     )
 
 
-def python_is_supported(knowledge: Knowledge, combo: Combination) -> str | None:
+def python_is_supported(knowledge: Knowledge, combo: Combination) -> Fact:
     """The release must publish wheels for the requested Python."""
     release = _release(knowledge, combo)
-    if release is None or combo.python in release.python:
-        return None
-    return (
-        f"{combo.framework} {combo.framework_version} publishes no wheels for Python "
-        f"{combo.python}; it supports Python {_span(release.python)}"
+    assert release is not None
+    source = _source(knowledge, release.source)
+    if combo.python in release.python:
+        return Fact(
+            holds=True,
+            text=f"{combo.framework} {release.version} publishes wheels for Python {_span(release.python)}",
+            source=source,
+        )
+    return Fact(
+        holds=False,
+        text=(
+            f"{combo.framework} {combo.framework_version} publishes no wheels for Python "
+            f"{combo.python}; it supports Python {_span(release.python)}"
+        ),
+        source=source,
     )
 
 
-def os_provides_python(knowledge: Knowledge, combo: Combination) -> str | None:
+def os_provides_python(knowledge: Knowledge, combo: Combination) -> Fact:
     """The OS must be known, and without a Python image its own python3 must match."""
     base = knowledge.os_bases.get(combo.os)
     if base is None:
-        return f"unknown OS {combo.os!r}; known: {', '.join(sorted(knowledge.os_bases))}"
-    if base.python_image is None and base.python != combo.python:
-        return (
-            f"{combo.os} provides Python {base.python}, not {combo.python}, and has no "
-            f"Python image; use --python {base.python} or a Debian base"
+        known = ", ".join(sorted(knowledge.os_bases))
+        return Fact(
+            holds=False,
+            text=f"unknown OS {combo.os!r}; known: {known}",
+            source="matrices/knowledge/os.yaml",
         )
-    return None
+    source = _source(knowledge, base.source)
+    if base.python_image is None and base.python != combo.python:
+        return Fact(
+            holds=False,
+            text=(
+                f"{combo.os} provides Python {base.python}, not {combo.python}, and has no "
+                f"Python image; use --python {base.python} or a Debian base"
+            ),
+            source=source,
+        )
+    how = (
+        f"the image {base.python_image.format(python=combo.python)}"
+        if base.python_image
+        else f"{combo.os}'s own python3 ({base.python})"
+    )
+    return Fact(
+        holds=True, text=f"Python {combo.python} on {combo.os} comes from {how}", source=source
+    )
 
 
 RULES: tuple[Rule, ...] = (
@@ -90,29 +173,152 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def judge(knowledge: Knowledge, combo: Combination) -> str | None:
-    """The reason the first failing rule gives, or None when the combination is buildable."""
-    for rule in RULES:
-        reason = rule(knowledge, combo)
-        if reason:
-            return reason
-    return None
-
-
-def driver_supports(knowledge: Knowledge, cuda: str, driver: str) -> str | None:
-    """None if a host driver runs builds for `cuda` (minor-version compatibility), else why not."""
+def driver_supports(knowledge: Knowledge, cuda: str, driver: str) -> Fact:
+    """Whether a host driver runs builds for `cuda` (minor-version compatibility)."""
     if cuda == CPU:
-        return None
+        return Fact(
+            holds=True,
+            text="a CPU build needs no NVIDIA driver",
+            source="matrices/knowledge/cuda.yaml",
+        )
     major = cuda.split(".")[0]
     floor = knowledge.cuda_family_driver.get(major)
     if floor is None:
-        return f"no driver floor is known for CUDA {major}.x"
+        return Fact(
+            holds=False,
+            text=f"no driver floor is known for CUDA {major}.x",
+            source="matrices/knowledge/cuda.yaml",
+        )
+    source = _source(knowledge, knowledge.cuda_family_source[major])
     if version_sort_key(driver) >= version_sort_key(floor):
-        return None
-    return f"CUDA {cuda} needs driver >= {floor} (CUDA {major}.x minor-version compatibility); driver {driver} is older"
+        return Fact(
+            holds=True,
+            text=f"CUDA {cuda} needs driver >= {floor}; driver {driver} has it",
+            source=source,
+        )
+    return Fact(
+        holds=False,
+        text=f"CUDA {cuda} needs driver >= {floor} (CUDA {major}.x minor-version compatibility); driver {driver} is older",
+        source=source,
+    )
 
 
-def resolve_entry(knowledge: Knowledge, combo: Combination, *, repository: str) -> Entry:
+def _cc(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+def _series(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _cuda_matches(pattern: str, cuda: str) -> bool:
+    return pattern == "*" or pattern == cuda or cuda.split(".")[0] == pattern
+
+
+def arch_build(knowledge: Knowledge, combo: Combination) -> ArchBuild | None:
+    """The row of gpus.yaml saying which architectures this framework build targets."""
+    for row in knowledge.arch_builds:
+        if row.framework != combo.framework:
+            continue
+        if "*" not in row.versions and _series(combo.framework_version) not in row.versions:
+            continue
+        if any(_cuda_matches(pattern, combo.cuda) for pattern in row.cuda):
+            return row
+    return None
+
+
+def _sm(cc: str) -> str:
+    return "sm_" + cc.replace(".", "")
+
+
+def gpu_runs(knowledge: Knowledge, combo: Combination, gpu: Gpu) -> Fact:
+    """Whether the build has kernels (SASS of the same major, or PTX) for the GPU's architecture."""
+    label = gpu.name if gpu.name == _sm(gpu.cc) else f"{gpu.name} ({_sm(gpu.cc)})"
+    if combo.cuda == CPU:
+        return Fact(
+            holds=True,
+            text=f"a CPU build does not use {label}",
+            source="matrices/knowledge/gpus.yaml",
+        )
+    build = f"{combo.framework} {combo.framework_version} {cuda_tag(combo.cuda)} wheels"
+    cc = _cc(gpu.cc)
+    row = arch_build(knowledge, combo)
+    if row is not None:
+        source = _source(knowledge, row.source)
+        if row.sm:
+            targets = sorted(_cc(s) for s in row.sm)
+            sass = any(t[0] == cc[0] and t[1] <= cc[1] for t in targets)
+            ptx = row.ptx and cc >= targets[-1]
+            shipped = ", ".join(_sm(s) for s in row.sm) + (" + PTX" if row.ptx else "")
+            if sass or ptx:
+                return Fact(
+                    holds=True, text=f"{build} ship {shipped}: they run on {label}", source=source
+                )
+            return Fact(
+                holds=False,
+                text=f"{build} have no kernels for {label}; they ship {shipped}",
+                source=source,
+            )
+        if row.min_cc is not None:
+            holds = cc >= _cc(row.min_cc)
+            verb = "run on" if holds else "need"
+            text = f"{build} {verb} compute capability >= {row.min_cc}" + (
+                f": {label}" if holds else f"; {label} is older"
+            )
+            return Fact(holds=holds, text=text, source=source)
+    target = knowledge.cuda_targets.get(gpu.cc)
+    if target is None:
+        return Fact(
+            holds=True,
+            text=f"no architecture data for {label}; assumed to run",
+            source="matrices/knowledge/gpus.yaml",
+        )
+    first, last, source_id = target
+    cuda = version_sort_key(combo.cuda)
+    holds = version_sort_key(first) <= cuda and (last is None or cuda <= version_sort_key(last))
+    span = f"CUDA {first}-{last}" if last else f"CUDA {first} and newer"
+    text = (
+        f"{label} is a target of {span}, so CUDA {combo.cuda} can build for it"
+        if holds
+        else f"CUDA {combo.cuda} cannot target {label} (only {span} can)"
+    )
+    return Fact(holds=holds, text=text, source=_source(knowledge, source_id))
+
+
+def judge(knowledge: Knowledge, combo: Combination, fleet: Fleet | None = None) -> tuple[Fact, ...]:
+    """The facts checked for a combination; it is buildable when the last one holds."""
+    facts: list[Fact] = []
+    for rule in RULES:
+        fact = rule(knowledge, combo)
+        facts.append(fact)
+        if not fact.holds:
+            return tuple(facts)
+    if fleet is not None:
+        if fleet.driver is not None:
+            facts.append(driver_supports(knowledge, combo.cuda, fleet.driver))
+            if not facts[-1].holds:
+                return tuple(facts)
+        for gpu in fleet.gpus:
+            facts.append(gpu_runs(knowledge, combo, gpu))
+            if not facts[-1].holds:
+                return tuple(facts)
+    return tuple(facts)
+
+
+def image_tag(combo: Combination) -> str:
+    """The tag an entry's image gets: 2.13.0-cpu-py3.11-bookworm."""
+    return f"{combo.framework_version}-{cuda_tag(combo.cuda)}-py{combo.python}-{combo.os}"
+
+
+def entry_id(combo: Combination) -> str:
+    """The id of the entry a combination becomes: torch2.13.0-cpu-py3.11-bookworm."""
+    return f"{combo.framework}{image_tag(combo)}"
+
+
+def resolve_entry(
+    knowledge: Knowledge, combo: Combination, *, repository: str, facts: tuple[Fact, ...] = ()
+) -> Entry:
     """Turn an accepted combination into an Entry: versions, base image, install source, tag."""
     framework = knowledge.frameworks[combo.framework]
     release = framework.release(combo.framework_version)
@@ -120,7 +326,7 @@ def resolve_entry(knowledge: Knowledge, combo: Combination, *, repository: str) 
     variant = release.variant(combo.cuda)
     assert variant is not None
     base = knowledge.os_bases[combo.os]
-    tag = f"{combo.framework_version}-{cuda_tag(combo.cuda)}-py{combo.python}-{combo.os}"
+    tag = image_tag(combo)
     if variant.cuda == release.pypi_variant:
         install = Install(requirement=f"{framework.package}=={release.version}", index_url=None)
     else:
@@ -131,7 +337,7 @@ def resolve_entry(knowledge: Knowledge, combo: Combination, *, repository: str) 
         )
     base_image = base.python_image.format(python=combo.python) if base.python_image else base.image
     return Entry(
-        id=f"{combo.framework}{tag}",
+        id=entry_id(combo),
         framework=combo.framework,
         framework_version=combo.framework_version,
         cuda=combo.cuda,
@@ -142,4 +348,34 @@ def resolve_entry(knowledge: Knowledge, combo: Combination, *, repository: str) 
         base_image=base_image,
         image=f"{repository.format(framework=combo.framework)}:{tag}",
         install=install,
+        facts=facts,
     )
+
+
+def _squash(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def find_gpu(knowledge: Knowledge, text: str) -> Gpu | None:
+    """A GPU from a name ("H100", "RTX 4090", "NVIDIA H100 80GB HBM3") or a compute
+    capability ("sm_90", "9.0"); None when it is neither."""
+    lowered = text.strip().lower()
+    digits = lowered.removeprefix("sm_").removeprefix("sm")
+    if lowered != digits and digits.isdigit() and len(digits) >= 2:
+        cc = f"{int(digits[:-1])}.{digits[-1]}"
+        return Gpu(name=text.strip(), cc=cc, memory_gb=None, source="the command line")
+    major, dot, minor = lowered.partition(".")
+    if dot and major.isdigit() and minor.isdigit():
+        return Gpu(
+            name=f"sm_{major}{minor}",
+            cc=f"{int(major)}.{minor}",
+            memory_gb=None,
+            source="the command line",
+        )
+    wanted = _squash(text)
+    by_name = {_squash(name): gpu for name, gpu in knowledge.gpus.items()}
+    if wanted in by_name:
+        return by_name[wanted]
+    # Product strings as drivers report them contain the model name: take the longest match.
+    contained = [key for key in by_name if key and key in wanted]
+    return by_name[max(contained, key=len)] if contained else None

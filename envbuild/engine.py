@@ -39,6 +39,16 @@ class ImageInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EngineInfo:
+    """What `docker info` says about the engine."""
+
+    version: str
+    runtimes: tuple[str, ...]
+    cdi_spec_dirs: tuple[str, ...]
+    root_dir: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunResult:
     """Exit code and output of a container that has been removed."""
 
@@ -68,6 +78,16 @@ class Engine:
             )
             raise EngineUnavailable(msg) from exc
         return cls(client)
+
+    def describe(self) -> EngineInfo:
+        """Version, runtimes and storage of the engine, for `envbuild doctor`."""
+        info = self._client.info()
+        return EngineInfo(
+            version=str(self._client.version().get("Version", "unknown")),
+            runtimes=tuple(sorted(info.get("Runtimes") or {})),
+            cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
+            root_dir=str(info.get("DockerRootDir", "")),
+        )
 
     def has_nvidia_runtime(self) -> bool:
         """True when the engine has the NVIDIA container runtime to hand GPUs to containers."""

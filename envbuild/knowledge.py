@@ -10,7 +10,16 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import MatrixError
-from envbuild.models import CPU, FrameworkKnowledge, Knowledge, OsBase, Release, Variant
+from envbuild.models import (
+    CPU,
+    ArchBuild,
+    FrameworkKnowledge,
+    Gpu,
+    Knowledge,
+    OsBase,
+    Release,
+    Variant,
+)
 from envbuild.resources import matrices_dir
 
 FRAMEWORK_FILES = ("torch",)
@@ -41,10 +50,14 @@ class _Checker:
         self.problems.append(f"{self.path}: {where}: {what}")
 
     def source(self, where: str, item: dict[str, Any]) -> str:
+        """Check the item's source key; return its id, qualified by the file ("torch:pypi")."""
         key = str(item.get("source", ""))
         if key not in self.sources:
             self.fail(where, f"source {key!r} is not one of sources: {sorted(self.sources)}")
-        return key
+        return f"{self.path.stem}:{key}"
+
+    def qualified_sources(self) -> dict[str, str]:
+        return {f"{self.path.stem}:{k}": v for k, v in self.sources.items()}
 
     def mapping(self, where: str, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -108,7 +121,7 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
         package=str(data.get("package", name)),
         releases=tuple(releases),
         indexes=indexes,
-        sources=check.sources,
+        sources=check.qualified_sources(),
     )
     return framework, check.problems
 
@@ -117,23 +130,24 @@ def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _load_cuda(path: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
+def _load_cuda(path: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str], _Checker]:
     data = _read(path)
     check = _Checker(path, data)
     families = {}
+    family_sources = {}
     for major, raw in check.mapping("families", data.get("families")).items():
         item = check.mapping(f"families.{major}", raw)
-        check.source(f"families.{major}", item)
+        family_sources[str(major)] = check.source(f"families.{major}", item)
         families[str(major)] = str(item.get("min_driver"))
     toolkits = {}
     for minor, raw in check.mapping("toolkits", data.get("toolkits")).items():
         item = check.mapping(f"toolkits.{minor}", raw)
         check.source(f"toolkits.{minor}", item)
         toolkits[str(minor)] = str(item.get("driver"))
-    return families, toolkits, check.problems
+    return families, family_sources, toolkits, check
 
 
-def _load_cudnn(path: Path) -> tuple[dict[str, tuple[tuple[str, str], ...]], list[str]]:
+def _load_cudnn(path: Path) -> tuple[dict[str, tuple[tuple[str, str], ...]], _Checker]:
     data = _read(path)
     check = _Checker(path, data)
     result = {}
@@ -143,10 +157,10 @@ def _load_cudnn(path: Path) -> tuple[dict[str, tuple[tuple[str, str], ...]], lis
         check.source(where, item)
         ranges = tuple((str(r["min"]), str(r["max"])) for r in item.get("cuda") or ())
         result[str(release)] = ranges
-    return result, check.problems
+    return result, check
 
 
-def _load_os(path: Path) -> tuple[dict[str, OsBase], list[str]]:
+def _load_os(path: Path) -> tuple[dict[str, OsBase], _Checker]:
     data = _read(path)
     check = _Checker(path, data)
     bases = {}
@@ -163,7 +177,55 @@ def _load_os(path: Path) -> tuple[dict[str, OsBase], list[str]]:
             python_image=_opt_str(item.get("python_image")),
             source=check.source(where, item),
         )
-    return bases, check.problems
+    return bases, check
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _load_gpus(
+    path: Path,
+) -> tuple[dict[str, Gpu], dict[str, tuple[str, str | None, str]], tuple[ArchBuild, ...], _Checker]:
+    data = _read(path)
+    check = _Checker(path, data)
+    gpus = {}
+    for name, raw in check.mapping("gpus", data.get("gpus")).items():
+        item = check.mapping(f"gpus.{name}", raw)
+        memory = item.get("memory_gb")
+        gpus[str(name)] = Gpu(
+            name=str(name),
+            cc=str(item.get("cc")),
+            memory_gb=float(memory) if isinstance(memory, int | float) else None,
+            source=check.source(f"gpus.{name}", item),
+        )
+    targets = {}
+    for cc, raw in check.mapping("cuda_targets", data.get("cuda_targets")).items():
+        item = check.mapping(f"cuda_targets.{cc}", raw)
+        last = item.get("last")
+        targets[str(cc)] = (
+            str(item.get("first")),
+            None if last is None else str(last),
+            check.source(f"cuda_targets.{cc}", item),
+        )
+    builds = []
+    for framework, rows in check.mapping("builds", data.get("builds")).items():
+        for i, raw in enumerate(rows if isinstance(rows, list) else []):
+            where = f"builds.{framework}[{i}]"
+            item = check.mapping(where, raw)
+            min_cc = item.get("min_cc")
+            builds.append(
+                ArchBuild(
+                    framework=str(framework),
+                    versions=_strings(item.get("versions")),
+                    cuda=_strings(item.get("cuda")),
+                    sm=_strings(item.get("sm")),
+                    ptx=bool(item.get("ptx", False)),
+                    min_cc=None if min_cc is None else str(min_cc),
+                    source=check.source(where, item),
+                )
+            )
+    return gpus, targets, tuple(builds), check
 
 
 def load_knowledge(directory: Path | None = None) -> Knowledge:
@@ -174,25 +236,33 @@ def load_knowledge(directory: Path | None = None) -> Knowledge:
 @cache
 def _load_cached(directory: Path) -> Knowledge:
     problems: list[str] = []
+    sources: dict[str, str] = {}
     frameworks = {}
     for name in FRAMEWORK_FILES:
         framework, found = _load_framework(directory / f"{name}.yaml")
         frameworks[framework.name] = framework
         problems += found
-    families, toolkits, found = _load_cuda(directory / "cuda.yaml")
-    problems += found
-    cudnn, found = _load_cudnn(directory / "cudnn.yaml")
-    problems += found
-    os_bases, found = _load_os(directory / "os.yaml")
-    problems += found
+        sources.update(framework.sources)
+    families, family_sources, toolkits, cuda_check = _load_cuda(directory / "cuda.yaml")
+    cudnn, cudnn_check = _load_cudnn(directory / "cudnn.yaml")
+    os_bases, os_check = _load_os(directory / "os.yaml")
+    gpus, targets, builds, gpu_check = _load_gpus(directory / "gpus.yaml")
+    for check in (cuda_check, cudnn_check, os_check, gpu_check):
+        problems += check.problems
+        sources.update(check.qualified_sources())
     if problems:
         raise MatrixError(problems)
     return Knowledge(
         frameworks=frameworks,
         cuda_family_driver=families,
+        cuda_family_source=family_sources,
         cuda_toolkit_driver=toolkits,
         cudnn_cuda=cudnn,
         os_bases=os_bases,
+        gpus=gpus,
+        cuda_targets=targets,
+        arch_builds=builds,
+        sources=sources,
     )
 
 

@@ -15,7 +15,7 @@ import yaml
 from envbuild import compat
 from envbuild.errors import MatrixError, SelectionError
 from envbuild.knowledge import version_sort_key
-from envbuild.models import CPU, Combination, Entry, Exclusion, Knowledge, Plan, Selection
+from envbuild.models import CPU, Combination, Entry, Exclusion, Fleet, Knowledge, Plan, Selection
 from envbuild.resources import matrices_dir
 
 AXES = ("framework", "framework_version", "cuda", "python", "os")
@@ -335,7 +335,7 @@ def make_plan(
     matrix: Matrix,
     selection: Selection,
     *,
-    driver: str | None = None,
+    fleet: Fleet | None = None,
     newest_only: bool = False,
 ) -> Plan:
     """Expand the matrix, apply the selectors and the rules; keep every exclusion with its reason."""
@@ -344,13 +344,16 @@ def make_plan(
     for combo, excluded_by in combinations(matrix, knowledge):
         if not selection_matches(selection, combo):
             continue
-        reason = excluded_by or compat.judge(knowledge, combo)
-        if reason is None and driver is not None:
-            reason = compat.driver_supports(knowledge, combo.cuda, driver)
-        if reason:
-            excluded.append(Exclusion(combination=combo, reason=reason))
+        if excluded_by:
+            excluded.append(Exclusion(combination=combo, reason=excluded_by))
+            continue
+        facts = compat.judge(knowledge, combo, fleet)
+        if facts[-1].holds:
+            entries.append(
+                compat.resolve_entry(knowledge, combo, repository=matrix.repository, facts=facts)
+            )
         else:
-            entries.append(compat.resolve_entry(knowledge, combo, repository=matrix.repository))
+            excluded.append(Exclusion(combination=combo, reason=facts[-1].text, facts=facts))
     if newest_only and entries:
         entries = _newest(entries)
     return Plan(entries=tuple(entries), excluded=tuple(excluded))

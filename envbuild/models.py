@@ -67,15 +67,63 @@ class OsBase:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Gpu:
+    """A GPU model and its compute capability."""
+
+    name: str
+    cc: str  # "9.0"
+    memory_gb: float | None
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchBuild:
+    """Which compute capabilities a set of framework builds ships kernels for."""
+
+    framework: str
+    versions: tuple[str, ...]  # minor series ("2.12") or "*"
+    cuda: tuple[str, ...]  # "12.6", a major "12", or "*"
+    sm: tuple[str, ...]  # SASS targets; empty when only min_cc is known
+    ptx: bool  # PTX for the newest target too: runs JIT-compiled on newer GPUs
+    min_cc: str | None
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Knowledge:
     """The compatibility knowledge base loaded from matrices/knowledge/."""
 
     frameworks: dict[str, FrameworkKnowledge]
     cuda_family_driver: dict[str, str]  # CUDA major -> minimum driver (minor-version compat)
+    cuda_family_source: dict[str, str]  # CUDA major -> source id of that floor
     cuda_toolkit_driver: dict[str, str]  # CUDA major.minor -> driver of the toolkit release
     cudnn_cuda: dict[str, tuple[tuple[str, str], ...]]  # cuDNN major.minor -> CUDA ranges
     os_bases: dict[str, OsBase]
-    sources: dict[str, str] = field(default_factory=dict)  # "file:key" -> source text
+    gpus: dict[str, Gpu]
+    cuda_targets: dict[str, tuple[str, str | None, str]]  # CC -> (first CUDA, last CUDA, source id)
+    arch_builds: tuple[ArchBuild, ...]
+    sources: dict[str, str] = field(default_factory=dict)  # source id "file:key" -> source text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fact:
+    """One fact a decision rests on, whether it held, and where it comes from."""
+
+    holds: bool
+    text: str
+    source: str  # the source's text (a URL or a description)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain mapping for `plan --explain --format json`."""
+        return {"holds": self.holds, "fact": self.text, "source": self.source}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fleet:
+    """The hosts a plan is for: an NVIDIA driver version and GPU models, each optional."""
+
+    driver: str | None = None
+    gpus: tuple[Gpu, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +181,7 @@ class Entry:
     base_image: str
     image: str
     install: Install
+    facts: tuple[Fact, ...] = ()  # why it is buildable (plan --explain)
 
     def as_dict(self) -> dict[str, Any]:
         """The public fields, as `plan --format json` prints them."""
@@ -156,6 +205,7 @@ class Exclusion:
 
     combination: Combination
     reason: str
+    facts: tuple[Fact, ...] = ()  # the facts checked, the last one the failing one
 
     def as_dict(self) -> dict[str, Any]:
         """The known fields plus the reason."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild import __version__
-from envbuild.models import BuiltImage, Entry, Plan, SmokeResult
+from envbuild.models import BuiltImage, Entry, Fact, Plan, SmokeResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,12 +53,16 @@ class EntryResult:
         }
 
 
-def plan_document(plan: Plan) -> dict[str, Any]:
-    """The object `plan --format json` prints."""
-    return {
-        "entries": [e.as_dict() for e in plan.entries],
-        "excluded": [x.as_dict() for x in plan.excluded],
-    }
+def plan_document(plan: Plan, *, explain: bool = False) -> dict[str, Any]:
+    """The object `plan --format json` prints; with `explain`, each item's facts and sources."""
+    entries = [e.as_dict() for e in plan.entries]
+    excluded = [x.as_dict() for x in plan.excluded]
+    if explain:
+        for item, entry in zip(entries, plan.entries, strict=True):
+            item["facts"] = [f.as_dict() for f in entry.facts]
+        for item, exclusion in zip(excluded, plan.excluded, strict=True):
+            item["facts"] = [f.as_dict() for f in exclusion.facts]
+    return {"entries": entries, "excluded": excluded}
 
 
 def build_document(results: list[EntryResult]) -> dict[str, Any]:
@@ -92,7 +96,13 @@ def smoke_lines(result: SmokeResult) -> list[str]:
     return lines
 
 
-def plan_table(plan: Plan) -> list[str]:
+def _fact_lines(facts: tuple[Fact, ...]) -> list[str]:
+    return [
+        f"      {'yes' if f.holds else 'NO '} {f.text}\n          source: {f.source}" for f in facts
+    ]
+
+
+def plan_table(plan: Plan, *, explain: bool = False) -> list[str]:
     """The plan as a fixed-width table, then the exclusions with reasons."""
     rows = [("ID", "CUDA", "cuDNN", "PYTHON", "BASE", "IMAGE")]
     rows += [(e.id, e.cuda, e.cudnn or "-", e.python, e.base_image, e.image) for e in plan.entries]
@@ -100,10 +110,16 @@ def plan_table(plan: Plan) -> list[str]:
     lines = [
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
     ]
+    if explain:
+        for entry in plan.entries:
+            lines.append(f"  {entry.id}:")
+            lines += _fact_lines(entry.facts)
     lines.append(f"{len(plan.entries)} entries to build, {len(plan.excluded)} excluded")
     for excluded in plan.excluded:
         c = excluded.combination
         lines.append(
             f"  excluded {c.framework} {c.framework_version} {c.cuda} py{c.python} {c.os}: {excluded.reason}"
         )
+        if explain:
+            lines += _fact_lines(excluded.facts)
     return lines

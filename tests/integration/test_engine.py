@@ -41,7 +41,10 @@ def test_a_missing_base_image_is_named(docker_client: object) -> None:
         "--base-image", "envbuild-test/no-such-base:1",
     )  # fmt: skip
     assert result.returncode == 2
-    assert "base image envbuild-test/no-such-base:1 is not in the local engine and cannot be pulled" in result.stderr
+    assert (
+        "base image envbuild-test/no-such-base:1 is not in the local engine and cannot be pulled"
+        in result.stderr
+    )
 
 
 def test_smoke_of_an_image_without_torch_fails(base_image: str) -> None:
@@ -54,3 +57,29 @@ def test_smoke_of_a_missing_image_is_bad_input(docker_client: object) -> None:
     result = envbuild("smoke", "envbuild-test/absent:nope")
     assert result.returncode == 2
     assert "is not in the local engine" in result.stderr
+
+
+def test_doctor_on_a_host_without_gpus_reports_it_plainly(docker_client: object) -> None:
+    import json
+
+    result = envbuild("doctor", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["engine"]["reachable"] is True
+    assert report["engine"]["version"]
+    assert report["has_gpu"] is False
+    assert report["nvidia"]["gpus"] == []
+    assert "no NVIDIA GPU found" in report["nvidia"]["note"]
+    assert report["disk"]["free_bytes"] > 0
+    assert "torch2.13.0-cpu-py3.11-bookworm" in report["runnable"]
+    assert all(not entry.startswith("torch2.13.0-cu") for entry in report["runnable"])
+
+
+def test_doctor_without_an_engine_exits_3_and_still_reports() -> None:
+    import json
+
+    result = envbuild("doctor", "--json", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert result.returncode == 3
+    report = json.loads(result.stdout)
+    assert report["engine"]["reachable"] is False
+    assert "cannot reach the Docker engine" in report["engine"]["error"]

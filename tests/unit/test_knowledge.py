@@ -42,7 +42,7 @@ def test_pypi_default_wheel_facts(
     assert release.pypi_variant == pypi_cuda
     variant = release.variant(pypi_cuda)
     assert variant is not None
-    assert (variant.cudnn, variant.nccl, variant.source) == (cudnn, nccl, "pypi")
+    assert (variant.cudnn, variant.nccl, variant.source) == (cudnn, nccl, "torch:pypi")
 
 
 def test_every_release_has_a_cpu_variant_and_an_index_for_non_pypi_variants(

@@ -15,7 +15,7 @@ from envbuild.matrix import (
     require_entries,
     selection_matches,
 )
-from envbuild.models import Combination, Knowledge, Selection
+from envbuild.models import Combination, Fleet, Knowledge, Selection
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -171,7 +171,7 @@ def test_knowledge_universe_and_driver_filter(knowledge: Knowledge) -> None:
     defaults = load_matrix(default_matrix_path(), knowledge)
     selection = Selection(framework="torch", framework_version="2.13.0")
     universe = knowledge_matrix(knowledge, selection, defaults)
-    plan = make_plan(knowledge, universe, selection, driver="535.104.05")
+    plan = make_plan(knowledge, universe, selection, fleet=Fleet(driver="535.104.05"))
     assert {e.cuda for e in plan.entries} == {"cpu", "12.6", "12.9"}
     reasons = {x.combination.cuda: x.reason for x in plan.excluded}
     assert reasons["13.0"] == (
