@@ -427,6 +427,50 @@ def doctor(matrix_file: Path | None, as_json: bool) -> None:
 
 
 @main.group()
+def knowledge() -> None:
+    """The compatibility knowledge base under matrices/knowledge/."""
+
+
+@knowledge.command("refresh")
+@click.option(
+    "--framework",
+    "frameworks",
+    multiple=True,
+    metavar="NAME",
+    help="Framework to refresh (repeatable) [default: every one PyPI can refresh].",
+)
+@click.option(
+    "--check", is_flag=True, help="Change nothing; exit 1 if the shipped facts disagree with PyPI."
+)
+@reports_errors
+def knowledge_refresh(frameworks: tuple[str, ...], check: bool) -> None:
+    """Read what a plain `pip install` of each release pulls from PyPI; update the facts, show the diff."""
+    from envbuild.refresh import FRAMEWORK_PACKAGES, refresh
+
+    disagree = []
+    for framework in frameworks or tuple(sorted(FRAMEWORK_PACKAGES)):
+        click.echo(f"{framework}: reading PyPI ...", err=True)
+        result = refresh(framework, check=check)
+        for note in result.notes:
+            click.echo(f"{framework}: note: {note}", err=True)
+        if not result.changed:
+            click.echo(f"{framework}: {result.path} agrees with PyPI")
+            continue
+        click.echo("\n".join(result.diff))
+        if check:
+            disagree.append(framework)
+        else:
+            click.echo(f"{framework}: updated {result.path}")
+    if disagree:
+        click.echo(
+            f"envbuild: {', '.join(disagree)}: the shipped knowledge disagrees with PyPI; "
+            "run `envbuild knowledge refresh` to update it",
+            err=True,
+        )
+        sys.exit(EXIT_FAILED)
+
+
+@main.group()
 def base() -> None:
     """Local base images for hosts that cannot pull."""
 

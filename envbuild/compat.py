@@ -102,7 +102,12 @@ def variant_is_published(knowledge: Knowledge, combo: Combination) -> Fact:
     where = "PyPI's plain wheel" if variant.cuda == release.pypi_variant else "a published variant"
     bundled = ", ".join(
         f"{name} {value}"
-        for name, value in (("cuDNN", variant.cudnn), ("NCCL", variant.nccl))
+        for name, value in (
+            ("cuDNN", variant.cudnn),
+            ("NCCL", variant.nccl),
+            ("cuDNN >=", variant.cudnn_min),
+            ("NCCL >=", variant.nccl_min),
+        )
         if value
     )
     return Fact(
@@ -327,7 +332,12 @@ def resolve_entry(
     assert variant is not None
     base = knowledge.os_bases[combo.os]
     tag = image_tag(combo)
-    if variant.cuda == release.pypi_variant:
+    if variant.requirement is not None:
+        install = Install(
+            requirement=variant.requirement.format(version=release.version),
+            index_url=framework.indexes[variant.index] if variant.index else None,
+        )
+    elif variant.cuda == release.pypi_variant:
         install = Install(requirement=f"{framework.package}=={release.version}", index_url=None)
     else:
         # The framework's own index labels non-default builds with a local version (+cpu, +cu118).

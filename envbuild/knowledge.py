@@ -90,6 +90,10 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
                     cudnn=_opt_str(vitem.get("cudnn")),
                     nccl=_opt_str(vitem.get("nccl")),
                     source=check.source(f"{where}.variants.{cuda}", vitem),
+                    requirement=_opt_str(vitem.get("requirement")),
+                    index=_opt_str(vitem.get("index")),
+                    cudnn_min=_opt_str(vitem.get("cudnn_min")),
+                    nccl_min=_opt_str(vitem.get("nccl_min")),
                 )
             )
         pypi_variant = _opt_str(item.get("pypi_variant"))
@@ -111,11 +115,14 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
     indexes = {str(k): str(v) for k, v in (data.get("indexes") or {}).items()}
     for release in releases:
         for variant in release.variants:
-            if variant.cuda != release.pypi_variant and variant.cuda not in indexes:
-                check.fail(
-                    f"releases.{release.version}.variants.{variant.cuda}",
-                    "no wheel index for this variant under indexes:",
-                )
+            where = f"releases.{release.version}.variants.{variant.cuda}"
+            if variant.requirement is not None:
+                if variant.index is not None and variant.index not in indexes:
+                    check.fail(
+                        where, f"index {variant.index!r} is not one of indexes: {sorted(indexes)}"
+                    )
+            elif variant.cuda != release.pypi_variant and variant.cuda not in indexes:
+                check.fail(where, "no wheel index for this variant under indexes:")
     framework = FrameworkKnowledge(
         name=name,
         package=str(data.get("package", name)),

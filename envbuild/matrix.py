@@ -25,7 +25,7 @@ LATEST = "latest"
 DEFAULT_REPOSITORY = "envbuild/{framework}"
 
 _VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
-_CUDA = re.compile(r"^\d+\.\d+$")
+_CUDA = re.compile(r"^\d+(\.\d+)?$")  # "12.1", or "12" for builds that take the newest 12.x
 _PYTHON = re.compile(r"^3\.\d+$")
 
 

@@ -13,10 +13,14 @@ CPU = "cpu"
 class Variant:
     """One build of a framework release: CPU-only or for one CUDA minor version."""
 
-    cuda: str  # "cpu" or "12.1"
-    cudnn: str | None
+    cuda: str  # "cpu", "12.1", or a bare major "12" when pip picks the newest 12.x wheels
+    cudnn: str | None  # exact pins
     nccl: str | None
     source: str
+    requirement: str | None = None  # pip requirement with {version}; None: the torch convention
+    index: str | None = None  # key into the framework's indexes; None: PyPI
+    cudnn_min: str | None = None  # floors, where the package pins a range
+    nccl_min: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,8 +52,8 @@ class PypiUnreachable(PypiError):
     """PyPI could not be reached, or kept failing, after retries."""
 
 
-class PypiNotFound(PypiError):
-    """PyPI answered 404 (or another 4xx) for a URL."""
+class PypiRejected(PypiError):
+    """PyPI answered 4xx (404 Not Found, 403, ...) for a URL; retrying will not help."""
 
     def __init__(self, message: str, *, url: str, status: int) -> None:
         super().__init__(message)
@@ -125,7 +125,7 @@ class PypiClient:
         """The wheel's METADATA: PEP 658 `<url>.metadata`, else read from the zip by range."""
         try:
             return _decode(self._get(wheel_url + ".metadata").content)
-        except PypiNotFound as exc:
+        except PypiRejected as exc:
             if exc.status != 404:
                 raise
         log.info("no PEP 658 metadata for %s; reading it from the wheel by range", wheel_url)
@@ -142,7 +142,7 @@ class PypiClient:
         entry = _metadata_entry(cd, url=url)
         header, _ = self._get_range(url, f"{entry.header_offset}-{entry.header_offset + 29}")
         if header[:4] != b"PK\x03\x04":
-            msg = f"{url}: no zip local header at offset {entry.header_offset}; the wheel looks damaged"
+            msg = f"{url}: no zip local header at {entry.header_offset}; the wheel looks damaged"
             raise PypiError(msg)
         name_len, extra_len = struct.unpack("<HH", header[26:30])
         start = entry.header_offset + 30 + name_len + extra_len
@@ -220,7 +220,7 @@ class PypiClient:
                 if status == 404
                 else "; check the index URL and any proxy credentials"
             )
-            raise PypiNotFound(msg + hint, url=url, status=status)
+            raise PypiRejected(msg + hint, url=url, status=status)
 
     def _pause(self, attempt: int, retry_after: str | None) -> None:
         delay = self.backoff * 2 ** (attempt - 1)
@@ -289,22 +289,18 @@ def _metadata_entry(cd: bytes, *, url: str) -> _ZipEntry:
 
 
 def _zip64_sizes(extra: bytes, *, usize: int, csize: int, offset: int) -> tuple[int, int]:
-    """Compressed size and local-header offset, taking the zip64 extra field into account."""
+    """Compressed size and local-header offset, read from the zip64 extra field when saturated."""
     pos = 0
     while pos + 4 <= len(extra):
         tag, size = struct.unpack("<HH", extra[pos : pos + 4])
-        if tag == 0x0001:
-            values = extra[pos + 4 : pos + 4 + size]
-            at = 0
-            for field in ("usize", "csize", "offset"):
-                current = {"usize": usize, "csize": csize, "offset": offset}[field]
-                if current == 0xFFFFFFFF:
-                    value = struct.unpack("<Q", values[at : at + 8])[0]
-                    at += 8
-                    if field == "csize":
-                        csize = value
-                    elif field == "offset":
-                        offset = value
+        if tag == 0x0001:  # zip64: the saturated fields' real values, in this order
+            values = iter(struct.unpack(f"<{size // 8}Q", extra[pos + 4 : pos + 4 + size // 8 * 8]))
+            if usize == 0xFFFFFFFF:
+                next(values, None)
+            if csize == 0xFFFFFFFF:
+                csize = next(values, csize)
+            if offset == 0xFFFFFFFF:
+                offset = next(values, offset)
         pos += 4 + size
     return csize, offset
 
@@ -591,7 +587,8 @@ def _update_block(lines: list[str], facts: ReleaseFacts, name: str, newline: str
         if field and field.group("key") in _FIELDS:
             present[field.group("key")] = i
             if field.group("key") in wanted and not field.group("value").split("#")[0].strip():
-                msg = f"{name}:{facts.version}: write {field.group('key')}'s value on its line"
+                key = field.group("key")
+                msg = f"{name}: releases.{facts.version}.{key}: write the value on the same line"
                 raise MatrixError([msg])
     if "variants" not in present:
         msg = f"{name}: releases.{facts.version} has no 'variants:' line"
@@ -636,7 +633,10 @@ def _update_variants(
         parsed = _parse_line(line) if match else None
         value = next(iter(parsed.values())) if parsed else None
         if match is None or not isinstance(value, dict):
-            msg = f"{name}: releases.{facts.version}.variants: expected one '<cuda>: {{...}}' per line, got {text.strip()!r}"
+            msg = (
+                f"{name}: releases.{facts.version}.variants: expected one "
+                f"'<cuda>: {{...}}' per line, got {text.strip()!r}"
+            )
             raise MatrixError([msg])
         cuda = str(yaml.safe_load(match.group("key")))
         if cuda == facts.pypi_variant:
@@ -722,21 +722,40 @@ def _verify(text: str, facts: Mapping[str, ReleaseFacts], name: str) -> None:
         got = {k: item.get(k) for k in _field_values(f)}
         variant = (item.get("variants") or {}).get(f.pypi_variant) if f.pypi_variant else None
         if got != _field_values(f) or (f.pypi_variant and variant != _pypi_variant_value(f)):
-            msg = f"{name}: releases.{version} does not read back as PyPI's facts after the update; nothing written"
+            msg = (
+                f"{name}: releases.{version} does not read back as PyPI's facts after "
+                "the update (a bug in envbuild's refresh); nothing written"
+            )
             raise EnvbuildError(msg)
 
 
 def diff(old: str, new: str, name: str) -> list[str]:
     """Unified diff of two versions of a file, one line per item, without line endings."""
-    return list(
-        difflib.unified_diff(
-            old.splitlines(),
-            new.splitlines(),
-            fromfile=f"a/{name}",
-            tofile=f"b/{name}",
-            lineterm="",
-        )
-    )
+    a, b = old.splitlines(), new.splitlines()
+    # autojunk off: lines repeated in every release block must still anchor the diff
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    lines: list[str] = []
+    for group in matcher.get_grouped_opcodes(3):
+        if not lines:
+            lines += [f"--- a/{name}", f"+++ b/{name}"]
+        first, last = group[0], group[-1]
+        old_range = _hunk_range(first[1], last[2])
+        new_range = _hunk_range(first[3], last[4])
+        lines.append(f"@@ -{old_range} +{new_range} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                lines += [" " + line for line in a[i1:i2]]
+                continue
+            lines += ["-" + line for line in a[i1:i2]]
+            lines += ["+" + line for line in b[j1:j2]]
+    return lines
+
+
+def _hunk_range(start: int, stop: int) -> str:
+    """A hunk's line range as unified diff writes it (difflib's _format_range_unified)."""
+    length = stop - start
+    first = start + 1 if length else start
+    return str(first) if length == 1 else f"{first},{length}"
 
 
 def _listed_releases(text: str, path: Path) -> list[str]:
@@ -766,13 +785,17 @@ def refresh(
         raise BadInput(msg)
     path = (knowledge_dir or matrices_dir() / "knowledge") / f"{framework}.yaml"
     try:
-        old = path.read_text(encoding="utf-8")
-    except OSError as exc:
+        old = path.read_bytes().decode("utf-8")  # bytes: keep the file's own line endings
+    except (OSError, UnicodeDecodeError) as exc:
         msg = f"{path}: cannot read the knowledge file: {exc}"
         raise BadInput(msg) from exc
     listed = _listed_releases(old, path)
-    oldest = str(min(listed, key=_safe_version)) if listed else None
-    facts = fetch_release_facts(client or PypiClient(requests.Session()), package, oldest=oldest)
+    oldest = listed[0] if listed else None  # older releases than the file holds stay out
+    if client is None:
+        with requests.Session() as session:
+            facts = fetch_release_facts(PypiClient(session), package, oldest=oldest)
+    else:
+        facts = fetch_release_facts(client, package, oldest=oldest)
     new = apply_facts(old, facts, name=str(path))
     notes = tuple(
         f"{v}: in {path.name} but PyPI lists no such final, non-yanked release; left as is"
@@ -788,14 +811,18 @@ def refresh(
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False, newline=""
-    ) as handle:
-        handle.write(text)
-        temporary = Path(handle.name)
+    """Replace `path` by `text` in one rename, so a reader never sees half a file."""
+    temporary: Path | None = None
     try:
+        with tempfile.NamedTemporaryFile(
+            "wb", dir=path.parent, prefix=f".{path.name}.", delete=False
+        ) as handle:
+            temporary = Path(handle.name)
+            handle.write(text.encode("utf-8"))
         temporary.chmod(path.stat().st_mode & 0o7777)
         temporary.replace(path)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
+    except OSError as exc:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        msg = f"cannot write {path}: {exc}; run with --check to compare without writing"
+        raise EnvbuildError(msg) from exc

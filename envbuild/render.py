@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import jinja2
+from packaging.requirements import Requirement
 
 from envbuild.errors import BadInput
 from envbuild.knowledge import cuda_tag
@@ -33,8 +34,11 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _wanted_version(entry: Entry) -> str:
-    return entry.install.requirement.split("==", 1)[1]
+def _wanted(entry: Entry) -> tuple[str, str]:
+    """The framework package's normalized name and pinned version ("torch", "2.13.0+cpu")."""
+    requirement = Requirement(entry.install.requirement)
+    pins = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+    return _normalize(requirement.name), pins[0] if pins else ""
 
 
 def wheelhouse_files(entry: Entry, wheelhouse: Path) -> tuple[list[Path], bool]:
@@ -46,8 +50,7 @@ def wheelhouse_files(entry: Entry, wheelhouse: Path) -> tuple[list[Path], bool]:
     if not wheelhouse.is_dir():
         msg = f"--wheelhouse {wheelhouse}: not a directory; pass a folder of .whl files"
         raise BadInput(msg)
-    package = _normalize(entry.install.requirement.split("==", 1)[0])
-    wanted = _wanted_version(entry)
+    package, wanted = _wanted(entry)
     python_tag = "cp" + entry.python.replace(".", "")
     files: list[Path] = []
     has_framework = False
@@ -58,7 +61,9 @@ def wheelhouse_files(entry: Entry, wheelhouse: Path) -> tuple[list[Path], bool]:
         if match and _normalize(match["name"]) == package:
             if match["version"] != wanted:
                 continue
-            has_framework = has_framework or python_tag in match["python"].split(".")
+            tags = match["python"].split(".")
+            # A pure wheel (jax) fits every Python 3; a binary one must be for this Python.
+            has_framework = has_framework or python_tag in tags or "py3" in tags
         files.append(path)
     return files, has_framework
 

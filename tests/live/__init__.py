@@ -1,0 +1,1 @@
+"""Tests against live public services (pypi.org); deselect with -m 'not live' when offline."""
