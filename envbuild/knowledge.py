@@ -22,7 +22,7 @@ from envbuild.models import (
 )
 from envbuild.resources import matrices_dir
 
-FRAMEWORK_FILES = ("torch",)
+FRAMEWORK_FILES = ("torch", "tensorflow", "jax")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -217,26 +217,32 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
 
 
 def knowledge_matrix(knowledge: Knowledge, selection: Selection, defaults: Matrix) -> Matrix:
-    """Every release of every framework x every CUDA it ever shipped, at the selected Python and OS."""
-    frameworks = tuple(sorted(knowledge.frameworks))
-    versions = tuple(r.version for f in frameworks for r in knowledge.frameworks[f].releases)
-    cudas = {
-        v.cuda for f in frameworks for r in knowledge.frameworks[f].releases for v in r.variants
-    }
-    cudas.discard(CPU)
+    """Every release of every framework x every CUDA that framework ever shipped, at the selected
+    Python and OS (so a release that lacks a sibling's variant is listed with the reason)."""
+    python = selection.python or defaults.python
+    os_name = selection.os or defaults.os
+    points: list[dict[str, str]] = []
+    for name in sorted(knowledge.frameworks):
+        releases = knowledge.frameworks[name].releases
+        cudas = {v.cuda for r in releases for v in r.variants} - {CPU}
+        for release in releases:
+            for cuda in (CPU, *sorted(cudas, key=version_sort_key)):
+                points.append(
+                    {
+                        "framework": name,
+                        "framework_version": release.version,
+                        "cuda": cuda,
+                        "python": python,
+                        "os": os_name,
+                    }
+                )
     return Matrix(
         source="the knowledge base",
-        axes={
-            "framework": frameworks,
-            "framework_version": tuple(dict.fromkeys(versions)),
-            "cuda": (CPU, *sorted(cudas, key=version_sort_key)),
-            "python": (selection.python or defaults.python,),
-            "os": (selection.os or defaults.os,),
-        },
-        include=(),
+        axes={axis: () for axis in AXES},
+        include=tuple(points),
         exclude=(),
-        python=defaults.python,
-        os=defaults.os,
+        python=python,
+        os=os_name,
         repository=defaults.repository,
     )
 
@@ -315,7 +321,7 @@ def combinations(matrix: Matrix, knowledge: Knowledge) -> list[tuple[Combination
                 break
         seen.setdefault(combo, reason)
     for point in matrix.include:
-        framework = point.get("framework", matrix.axes["framework"][0])
+        framework = point["framework"] if "framework" in point else matrix.axes["framework"][0]
         resolved = _resolve_version(knowledge, framework, point.get("framework_version", LATEST))
         if resolved is None:
             continue

@@ -59,7 +59,15 @@ def test_a_cuda_the_release_never_shipped_exits_2_naming_what_it_did() -> None:
 
 def test_driver_drops_what_it_cannot_run() -> None:
     code, out, _ = run(
-        "plan", "--framework-version", "2.14.0", "--driver", "535.104.05", "--format", "json"
+        "plan",
+        "--framework",
+        "torch",
+        "--framework-version",
+        "2.14.0",
+        "--driver",
+        "535.104.05",
+        "--format",
+        "json",
     )
     assert code == 0
     document = json.loads(out)

@@ -100,3 +100,39 @@ def test_a_broken_knowledge_file_names_file_and_place(tmp_path: Path) -> None:
     assert (
         "torch.yaml: releases.2.0.0: source 'nowhere' is not one of sources" in caught.value.message
     )
+
+
+def test_tensorflow_2_15_facts(knowledge: Knowledge) -> None:
+    tf = knowledge.frameworks["tensorflow"]
+    release = tf.release("2.15.1")
+    assert release is not None
+    assert release.python == ("3.9", "3.10", "3.11")
+    variant = release.variant("12.2")
+    assert variant is not None
+    assert variant.cudnn is not None
+    assert variant.cudnn.startswith("8.9.")
+    assert variant.requirement == "tensorflow[and-cuda]=={version}"
+    cpu = release.variant(CPU)
+    assert cpu is not None
+    assert cpu.requirement == "tensorflow-cpu=={version}"
+
+
+def test_tensorflow_before_2_14_has_no_pip_cuda(knowledge: Knowledge) -> None:
+    release = knowledge.frameworks["tensorflow"].release("2.13.0")
+    assert release is not None
+    assert [v.cuda for v in release.variants] == [CPU]
+
+
+def test_jax_cuda_plugins_and_their_floors(knowledge: Knowledge) -> None:
+    jax = knowledge.frameworks["jax"]
+    release = jax.release("0.10.0")
+    assert release is not None
+    assert release.pypi_variant == CPU
+    assert {v.cuda for v in release.variants} == {CPU, "12", "13"}
+    cuda13 = release.variant("13")
+    assert cuda13 is not None
+    assert cuda13.requirement == "jax[cuda13]=={version}"
+    assert cuda13.cudnn_min is not None
+    first = jax.releases[0]
+    assert first.version == "0.4.26"
+    assert first.variant("13") is None

@@ -21,8 +21,10 @@ BARE_BOOKWORM = BaseProbe(
 )
 
 
-def entry(knowledge: Knowledge, version: str, cuda: str, python: str = "3.11") -> Entry:
-    selection = Selection(framework="torch", framework_version=version, cuda=cuda, python=python)
+def entry(
+    knowledge: Knowledge, version: str, cuda: str, python: str = "3.11", framework: str = "torch"
+) -> Entry:
+    selection = Selection(framework=framework, framework_version=version, cuda=cuda, python=python)
     defaults = load_matrix(default_matrix_path(), knowledge)
     (found,) = make_plan(
         knowledge, knowledge_matrix(knowledge, selection, defaults), selection
@@ -41,6 +43,10 @@ CASES = {
     "torch-2.4.1-cu121-pypi": ("2.4.1", "12.1", "plain", None),
     "torch-2.4.1-cu118-framework-index": ("2.4.1", "11.8", "mirror", None),
     "torch-2.14.0-cu130-pypi": ("2.14.0", "13.0", "plain", None),
+    "tensorflow-2.15.1-cu122-and-cuda": ("2.15.1", "12.2", "plain", None),
+    "tensorflow-2.20.0-cpu": ("2.20.0", "cpu", "plain", None),
+    "jax-0.10.2-cuda12": ("0.10.2", "12", "plain", None),
+    "jax-0.10.2-cuda13-mirror": ("0.10.2", "13", "mirror", None),
 }
 
 
@@ -67,7 +73,10 @@ def options_for(kind: str, tmp_path: Path) -> BuildOptions:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> None:
     version, cuda, kind, probe = CASES[name]
-    context = render_entry(entry(knowledge, version, cuda), options_for(kind, tmp_path), probe)
+    framework = name.split("-")[0]
+    context = render_entry(
+        entry(knowledge, version, cuda, framework=framework), options_for(kind, tmp_path), probe
+    )
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
         golden.write_text(context.dockerfile)
@@ -100,8 +109,12 @@ def test_the_final_stage_copies_only_the_venv(knowledge: Knowledge, tmp_path: Pa
 
 
 def test_cuda_entries_carry_no_system_cuda(knowledge: Knowledge, tmp_path: Path) -> None:
-    for version, cuda in (("2.4.1", "12.1"), ("2.14.0", "13.0"), ("2.4.1", "11.8")):
-        dockerfile = render_entry(entry(knowledge, version, cuda), BuildOptions()).dockerfile
+    cases = [("torch", "2.4.1", "12.1"), ("torch", "2.14.0", "13.0"), ("torch", "2.4.1", "11.8"),
+             ("tensorflow", "2.15.1", "12.2"), ("tensorflow", "2.20.0", "12"), ("jax", "0.10.2", "12"),
+             ("jax", "0.10.2", "13")]  # fmt: skip
+    for framework, version, cuda in cases:
+        e = entry(knowledge, version, cuda, framework=framework)
+        dockerfile = render_entry(e, BuildOptions()).dockerfile
         assert "nvidia/cuda" not in dockerfile
         assert "cuda-toolkit" not in dockerfile
         assert "apt-get install" not in dockerfile
