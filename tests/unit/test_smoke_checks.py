@@ -93,3 +93,27 @@ def test_payload_errors_are_reported() -> None:
     report = copy.deepcopy(REPORT)
     report["errors"] = ["allreduce: RuntimeError: rank 1 died"]
     assert failing(report) == {"payload": "allreduce: RuntimeError: rank 1 died"}
+
+
+def test_a_framework_that_reports_cuda_only_on_a_gpu_is_not_failed_without_one() -> None:
+    report = copy.deepcopy(REPORT)
+    report["payload"] = "jax"
+    report["versions"].update(cuda=None, cudnn=None, nccl=None)
+    report["devices"] = [{"kind": "cpu"}, {"kind": "cpu"}]
+    report["allreduce"].update(world_size=2)
+    labels = {**LABELS, "org.envbuild.framework": "jax", "org.envbuild.cuda": "12"}
+    report["cuda_needs_gpu"] = True
+    checks = {c.name: c for c in check_report(report, labels, gpus=False)}
+    assert checks["cuda_version"].passed
+    assert checks["cuda_version"].detail.startswith("not checked: jax reports its CUDA version only on a GPU")
+    report["devices"] = [{"kind": "gpu"}]
+    checks = {c.name: c for c in check_report(report, labels, gpus=True)}
+    assert not checks["cuda_version"].passed  # with a GPU, a missing CUDA version is a failure
+
+
+def test_a_bare_major_label_is_met_by_any_minor() -> None:
+    report = copy.deepcopy(REPORT)
+    report["versions"]["cuda"] = "12.9"
+    labels = {**LABELS, "org.envbuild.cuda": "12"}
+    checks = {c.name: c for c in check_report(report, labels, gpus=True)}
+    assert checks["cuda_version"].passed
