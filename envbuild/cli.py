@@ -112,7 +112,6 @@ def _plan(
     else:
         defaults = load_matrix(default_matrix_path(), knowledge)
         matrix = knowledge_matrix(knowledge, selection, defaults)
-        newest_only = newest_only and selection.framework_version is None
     repository = kwargs.pop("repository")
     if repository:
         matrix = dataclasses.replace(matrix, repository=repository)
@@ -193,6 +192,18 @@ def plan(driver: str | None, gpus: tuple[str, ...], explain: bool, fmt: str, **k
         click.echo(json.dumps(plan_document(result, explain=explain), indent=2))
     else:
         click.echo("\n".join(plan_table(result, explain=explain)))
+
+
+@main.command("ci-matrix")
+@selectors
+@reports_errors
+def ci_matrix(**kwargs: Any) -> None:
+    """Print the entries as a GitHub Actions strategy.matrix: {"include": [...]} on one line."""
+    from envbuild.ci_matrix import github_matrix
+
+    matrix_file = kwargs["matrix_file"]
+    _, _, result = _plan(kwargs)
+    click.echo(json.dumps(github_matrix(result, matrix_file=str(matrix_file) if matrix_file else None)))
 
 
 def _fleet(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> Fleet | None:
@@ -306,7 +317,8 @@ def render(output: Path, **kwargs: Any) -> None:
 def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) -> None:
     """Build images for the selected entries, then smoke-test them.
 
-    Without --framework-version the newest release that fits the other selectors is built.
+    Without -m, the newest release that fits the selectors is built (a --framework-version
+    prefix such as 0.10 builds the newest 0.10.x); a matrix file builds all its entries.
     """
     from envbuild.build import build_entry, prepare
     from envbuild.engine import Engine
