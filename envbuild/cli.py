@@ -203,7 +203,9 @@ def ci_matrix(**kwargs: Any) -> None:
 
     matrix_file = kwargs["matrix_file"]
     _, _, result = _plan(kwargs)
-    click.echo(json.dumps(github_matrix(result, matrix_file=str(matrix_file) if matrix_file else None)))
+    click.echo(
+        json.dumps(github_matrix(result, matrix_file=str(matrix_file) if matrix_file else None))
+    )
 
 
 def _fleet(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> Fleet | None:
@@ -311,70 +313,73 @@ def render(output: Path, **kwargs: Any) -> None:
     help="GPUs for the smoke test.",
 )
 @click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Entries built at the same time.",
+)
+@click.option(
+    "--keep-going", is_flag=True, help="Build every entry even after one failed (default: stop)."
+)
+@click.option(
     "--report", "report_file", type=click.Path(path_type=Path), help="Write a JSON report here."
 )
+@click.option(
+    "--junit", "junit_file", type=click.Path(path_type=Path), help="Write a JUnit XML report here."
+)
 @reports_errors
-def build(no_smoke: bool, gpus: str, report_file: Path | None, **kwargs: Any) -> None:
+def build(
+    no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
+    junit_file: Path | None, **kwargs: Any,
+) -> None:  # fmt: skip
     """Build images for the selected entries, then smoke-test them.
 
     Without -m, the newest release that fits the selectors is built (a --framework-version
     prefix such as 0.10 builds the newest 0.10.x); a matrix file builds all its entries.
     """
-    from envbuild.build import build_entry, prepare
-    from envbuild.engine import Engine
-    from envbuild.report import EntryResult, build_document, smoke_lines, write_json
-    from envbuild.smoke import smoke_image
+    import os
+
+    from envbuild.pipeline import RunOptions, run_entries
+    from envbuild.progress import ProgressView
+    from envbuild.report import build_document, junit_xml, markdown_summary, write_json
+    from envbuild.store import ResultStore
 
     options = _build_options(kwargs)
     knowledge, _, result = _plan(kwargs, newest_only=True)
-    engine = Engine.connect()
-    probes: dict[str, Any] = {}
-    # Every entry is checked against its base before the first build starts.
-    contexts = [prepare(engine, knowledge, entry, options, probes) for entry in result.entries]
-    results: list[EntryResult] = []
-    total = len(contexts)
-    for number, context in enumerate(contexts, start=1):
-        entry = context.entry
-        prefix = f"[{number}/{total}] {entry.id}"
-        click.echo(f"{prefix}: {entry.image} from {context.base_image}", err=True)
-
-        def show(line: str, prefix: str = prefix) -> None:
-            if line.startswith("Step "):
-                click.echo(f"{prefix}: {line[:160]}", err=True)
-
-        try:
-            built = build_entry(engine, context, on_line=show)
-        except EnvbuildError as exc:
-            click.echo(f"{prefix}: FAILED: {exc.message}", err=True)
-            results.append(EntryResult(entry=entry, image=None, smoke=None, error=exc.message))
-            continue
-        if built.built:
-            click.echo(
-                f"{prefix}: built {built.id[:19]} in {built.seconds:.1f}s (log: {built.log_path})",
-                err=True,
-            )
-        else:
-            click.echo(
-                f"{prefix}: already built as {built.id[:19]} (same content hash); not rebuilt",
-                err=True,
-            )
-        smoke = None
-        if not no_smoke:
-            click.echo(f"{prefix}: smoke test", err=True)
-            smoke = smoke_image(engine, built.id, gpus=gpus)
-            smoke = _named(smoke, entry.image)
-            click.echo("\n".join(smoke_lines(smoke)), err=True)
-        results.append(EntryResult(entry=entry, image=built, smoke=smoke, error=None))
+    run = RunOptions(jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus)
+    with ProgressView([e.id for e in result.entries]) as view:
+        results = run_entries(
+            knowledge,
+            result.entries,
+            options,
+            run,
+            store=ResultStore.default(),
+            on_event=view.event,
+        )
+    click.echo("\n".join(view.summary(results)), err=True)
     if report_file is not None:
         write_json(report_file, build_document(results))
-    passed = sum(r.passed for r in results)
-    click.echo(f"{passed}/{len(results)} entries passed", err=True)
-    if passed != len(results):
+    if junit_file is not None:
+        _write_text(junit_file, junit_xml(results))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with Path(summary).open("a", encoding="utf-8") as handle:
+            handle.write(markdown_summary(results))
+    if not all(r.passed for r in results):
         sys.exit(EXIT_FAILED)
 
 
-def _named(smoke: Any, ref: str) -> Any:
-    return dataclasses.replace(smoke, image=ref)
+def _write_text(path: Path, text: str) -> None:
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, delete=False, encoding="utf-8"
+    ) as handle:
+        handle.write(text)
+    Path(handle.name).replace(path)
 
 
 @main.command()

@@ -128,11 +128,12 @@ class Engine:
         self,
         context_dir: Path,
         *,
-        tag: str,
+        tag: str | None,
         labels: dict[str, str],
         build_args: dict[str, str],
         on_line: Callable[[str], None],
         network: bool = True,
+        target: str | None = None,
     ) -> str:
         """Build with the classic builder, streaming every output line; return the image id."""
         image_id: str | None = None
@@ -148,6 +149,7 @@ class Engine:
                 pull=False,
                 decode=True,
                 network_mode=None if network else "none",
+                target=target,
             )
             for chunk in stream:
                 if "stream" in chunk:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ class EntryResult:
     image: BuiltImage | None
     smoke: SmokeResult | None
     error: str | None
+    smoke_reused: bool = False  # the image was vetted before; its recorded result stands
+    seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -50,6 +53,8 @@ class EntryResult:
             "passed": self.passed,
             "error": self.error,
             "smoke": self.smoke.as_dict() if self.smoke is not None else None,
+            "smoke_reused": self.smoke_reused,
+            "seconds": round(self.seconds, 3),
         }
 
 
@@ -123,3 +128,66 @@ def plan_table(plan: Plan, *, explain: bool = False) -> list[str]:
         if explain:
             lines += _fact_lines(excluded.facts)
     return lines
+
+
+def junit_xml(results: list[EntryResult]) -> str:
+    """One JUnit test case per entry; a failure carries the reason."""
+    suite = ET.Element(
+        "testsuite",
+        name="envbuild",
+        tests=str(len(results)),
+        failures=str(sum(not r.passed for r in results)),
+        time=f"{sum(r.seconds for r in results):.3f}",
+    )
+    for result in results:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"envbuild.{result.entry.framework}", name=result.entry.id,
+            time=f"{result.seconds:.3f}",
+        )  # fmt: skip
+        if not result.passed:
+            reason = result.error or "; ".join(
+                f"{c.name}: {c.detail}"
+                for c in (result.smoke.checks if result.smoke else ())
+                if not c.passed
+            )
+            failure = ET.SubElement(case, "failure", message=reason[:500])
+            failure.text = reason
+        elif result.smoke is not None:
+            out = ET.SubElement(case, "system-out")
+            out.text = "\n".join(smoke_lines(result.smoke))
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def markdown_summary(results: list[EntryResult]) -> str:
+    """A Markdown table of the run, for $GITHUB_STEP_SUMMARY."""
+    passed = sum(r.passed for r in results)
+    lines = [
+        f"### envbuild: {passed}/{len(results)} entries passed",
+        "",
+        "| entry | result | image | loss | all-reduce | time |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for result in results:
+        image = (
+            f"`{result.image.id[7:19]}` ({'built' if result.image.built else 'found'})"
+            if result.image
+            else "-"
+        )
+        loss = allreduce = "-"
+        if result.smoke is not None:
+            train = result.smoke.payload.get("train") or {}
+            reduce = result.smoke.payload.get("allreduce") or {}
+            if train.get("loss_first") is not None:
+                loss = f"{train['loss_first']:.3f} → {train['loss_last']:.3f}"
+            if reduce.get("world_size"):
+                allreduce = f"{reduce.get('backend')} x{reduce['world_size']}, {reduce.get('busbw_gbps', 0):.2f} GB/s"
+        verdict = (
+            "✅ passed"
+            if result.passed
+            else "❌ " + (result.error or "smoke test failed").replace("|", "/")[:200]
+        )
+        lines.append(
+            f"| `{result.entry.id}` | {verdict} | {image} | {loss} | {allreduce} | {result.seconds:.0f}s |"
+        )
+    return "\n".join(lines) + "\n"

@@ -12,6 +12,10 @@ say() { printf 'host-setup: %s\n' "$*" >&2; }
 need_apt=()
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+# A registry server, htpasswd and skopeo for the publish tests.
+command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
+command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
+command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if ((${#need_apt[@]})); then
   say "installing ${need_apt[*]}"

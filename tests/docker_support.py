@@ -54,6 +54,19 @@ def _remove_test_images(client: docker.DockerClient) -> None:
     client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=builder"})
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Smoke and publish records of the tests go to a throwaway store, not the user's."""
+    path = tmp_path_factory.mktemp("envbuild-data")
+    before = os.environ.get("ENVBUILD_DATA_DIR")
+    os.environ["ENVBUILD_DATA_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("ENVBUILD_DATA_DIR", None)
+    else:
+        os.environ["ENVBUILD_DATA_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[docker.DockerClient]:
     try:

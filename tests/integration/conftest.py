@@ -1,3 +1,10 @@
-from tests.docker_support import base_image, ca_bundle, docker_client, engine, wheelhouse
+from tests.docker_support import (
+    base_image,
+    ca_bundle,
+    docker_client,
+    engine,
+    isolated_data_dir,
+    wheelhouse,
+)
 
-__all__ = ["base_image", "ca_bundle", "docker_client", "engine", "wheelhouse"]
+__all__ = ["base_image", "ca_bundle", "docker_client", "engine", "isolated_data_dir", "wheelhouse"]

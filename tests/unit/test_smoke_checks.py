@@ -105,7 +105,9 @@ def test_a_framework_that_reports_cuda_only_on_a_gpu_is_not_failed_without_one()
     report["cuda_needs_gpu"] = True
     checks = {c.name: c for c in check_report(report, labels, gpus=False)}
     assert checks["cuda_version"].passed
-    assert checks["cuda_version"].detail.startswith("not checked: jax reports its CUDA version only on a GPU")
+    assert checks["cuda_version"].detail.startswith(
+        "not checked: jax reports its CUDA version only on a GPU"
+    )
     report["devices"] = [{"kind": "gpu"}]
     checks = {c.name: c for c in check_report(report, labels, gpus=True)}
     assert not checks["cuda_version"].passed  # with a GPU, a missing CUDA version is a failure

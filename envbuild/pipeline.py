@@ -1,0 +1,207 @@
+"""Build, smoke-test and record many entries: shared stages first, then N entries at a time."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild.build import build_entry, prepare
+from envbuild.engine import Engine
+from envbuild.errors import EnvbuildError
+from envbuild.models import (
+    BaseProbe,
+    BuildContext,
+    BuildOptions,
+    Entry,
+    Knowledge,
+    SmokeCheck,
+    SmokeResult,
+)
+from envbuild.report import EntryResult
+from envbuild.smoke import smoke_image
+from envbuild.store import ResultStore
+
+RUNTIME_STAGE_END = "\nFROM runtime AS builder\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """A change in one entry's progress, for the CLI to show."""
+
+    entry_id: str
+    state: str  # queued, building, step, smoke, passed, failed, skipped
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How a run of many entries behaves."""
+
+    jobs: int = 1
+    keep_going: bool = False
+    smoke: bool = True
+    gpus: str = "auto"
+
+
+def _runtime_stage(context: BuildContext) -> str | None:
+    head, found, _ = context.dockerfile.partition(RUNTIME_STAGE_END)
+    return head + "\n" if found else None
+
+
+def build_shared_stages(
+    engine: Engine, contexts: list[BuildContext], on_event: Callable[[Event], None]
+) -> int:
+    """Build each OS + Python stage that several entries share once, so that parallel builds
+    find it in the layer cache instead of each building it; return how many were built."""
+    stages: dict[str, list[BuildContext]] = {}
+    for context in contexts:
+        stage = _runtime_stage(context)
+        if stage is not None:
+            stages.setdefault(stage, []).append(context)
+    built = 0
+    for stage, sharing in stages.items():
+        if len(sharing) < 2:
+            continue
+        for context in sharing:
+            on_event(
+                Event(
+                    entry_id=context.entry.id, state="building", detail="shared OS + Python stage"
+                )
+            )
+        with tempfile.TemporaryDirectory(prefix="envbuild-stage-") as tmp:
+            (Path(tmp) / "Dockerfile").write_text(stage, encoding="utf-8")
+            engine.build(
+                Path(tmp),
+                tag=None,
+                labels={},
+                build_args={},
+                on_line=lambda line: None,
+                network=not sharing[0].offline,
+                target="runtime",
+            )
+        built += 1
+    return built
+
+
+def _recorded(record_report: dict[str, object], image: str, image_id: str) -> SmokeResult:
+    host_keys = {"passed", "checks", "image", "image_id", "exit_code", "seconds"}
+    raw_checks = record_report.get("checks")
+    checks = tuple(
+        SmokeCheck(name=str(c["name"]), passed=bool(c["passed"]), detail=str(c["detail"]))
+        for c in (raw_checks if isinstance(raw_checks, list) else [])
+    )
+    return SmokeResult(
+        image=image,
+        image_id=image_id,
+        payload={k: v for k, v in record_report.items() if k not in host_keys},
+        checks=checks,
+        exit_code=0,
+        seconds=0.0,
+        stderr_tail="",
+    )
+
+
+def run_entries(
+    knowledge: Knowledge,
+    entries: tuple[Entry, ...],
+    options: BuildOptions,
+    run: RunOptions,
+    *,
+    store: ResultStore,
+    on_event: Callable[[Event], None],
+    connect: Callable[[], Engine] = Engine.connect,
+) -> list[EntryResult]:
+    """Check every base, build shared stages, then build and smoke-test the entries."""
+    engine = connect()
+    probes: dict[str, BaseProbe] = {}
+    # Every entry is checked against its base before the first build starts.
+    contexts = [prepare(engine, knowledge, entry, options, probes) for entry in entries]
+    for context in contexts:
+        on_event(Event(entry_id=context.entry.id, state="queued"))
+    if run.jobs > 1:
+        build_shared_stages(engine, contexts, on_event)
+    stop = threading.Event()
+    local = threading.local()
+
+    def thread_engine() -> Engine:
+        if not hasattr(local, "engine"):
+            local.engine = connect()  # one client per thread: docker-py sessions are not shared
+        return local.engine  # type: ignore[no-any-return]
+
+    def one(context: BuildContext) -> EntryResult:
+        entry = context.entry
+        start = time.monotonic()
+        if stop.is_set():
+            on_event(Event(entry_id=entry.id, state="skipped", detail="an earlier entry failed"))
+            return EntryResult(
+                entry=entry, image=None, smoke=None,
+                error="not built: an earlier entry failed (use --keep-going to build the rest)",
+            )  # fmt: skip
+        try:
+            result = _build_and_smoke(thread_engine(), context, run, store, on_event)
+        except EnvbuildError as exc:
+            result = EntryResult(entry=entry, image=None, smoke=None, error=exc.message)
+        result = EntryResult(
+            entry=result.entry, image=result.image, smoke=result.smoke, error=result.error,
+            smoke_reused=result.smoke_reused, seconds=time.monotonic() - start,
+        )  # fmt: skip
+        if result.passed:
+            on_event(Event(entry_id=entry.id, state="passed", detail=f"{result.seconds:.1f}s"))
+        else:
+            reason = result.error or _failed_checks(result.smoke)
+            on_event(Event(entry_id=entry.id, state="failed", detail=reason))
+            if not run.keep_going:
+                stop.set()
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, run.jobs), thread_name_prefix="envbuild") as pool:
+        return list(pool.map(one, contexts))
+
+
+def _failed_checks(smoke: SmokeResult | None) -> str:
+    if smoke is None:
+        return "failed"
+    return "; ".join(f"{c.name}: {c.detail}" for c in smoke.checks if not c.passed)
+
+
+def _build_and_smoke(
+    engine: Engine,
+    context: BuildContext,
+    run: RunOptions,
+    store: ResultStore,
+    on_event: Callable[[Event], None],
+) -> EntryResult:
+    entry = context.entry
+    on_event(Event(entry_id=entry.id, state="building"))
+
+    def line(text: str) -> None:
+        if text.startswith("Step "):
+            on_event(Event(entry_id=entry.id, state="step", detail=text.split(" :", 1)[0][5:]))
+
+    built = build_entry(engine, context, on_line=line)
+    if not built.built:
+        on_event(
+            Event(
+                entry_id=entry.id, state="building", detail="same content hash exists: not rebuilt"
+            )
+        )
+    if not run.smoke:
+        return EntryResult(entry=entry, image=built, smoke=None, error=None)
+    record = store.latest_smoke(built.id)
+    if not built.built and record is not None and record.passed:
+        on_event(Event(entry_id=entry.id, state="smoke", detail="vetted before: not rerun"))
+        smoke = _recorded(record.report, entry.image, built.id)
+        return EntryResult(entry=entry, image=built, smoke=smoke, error=None, smoke_reused=True)
+    on_event(Event(entry_id=entry.id, state="smoke"))
+    smoke = smoke_image(engine, built.id, gpus=run.gpus)
+    smoke = SmokeResult(
+        image=entry.image, image_id=smoke.image_id, payload=smoke.payload, checks=smoke.checks,
+        exit_code=smoke.exit_code, seconds=smoke.seconds, stderr_tail=smoke.stderr_tail,
+    )  # fmt: skip
+    store.record_smoke(smoke)
+    return EntryResult(entry=entry, image=built, smoke=smoke, error=None)

@@ -1,0 +1,64 @@
+"""A three-entry CPU matrix (torch, TensorFlow, JAX) built two at a time, with JUnit and a summary.
+
+TensorFlow and JAX come from PyPI through the CA bundle; each image must train (falling loss) and
+all-reduce over 2 devices inside its own container.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.conftest import REPO
+from tests.docker_support import TEST_INDEX, TEST_REPOSITORY, envbuild
+
+pytestmark = pytest.mark.e2e
+
+
+def test_three_entries_two_at_a_time(
+    docker_client: docker.DockerClient,
+    base_image: str,
+    ca_bundle: Path,
+    wheelhouse: Path,
+    tmp_path: Path,
+) -> None:
+    report, junit, summary = tmp_path / "r.json", tmp_path / "junit.xml", tmp_path / "summary.md"
+    result = envbuild(
+        "build", "-m", str(REPO / "matrices" / "examples" / "cpu.yaml"), "--jobs", "2", "--keep-going",
+        "--base-image", base_image, "--ca-bundle", str(ca_bundle), "--wheelhouse", str(wheelhouse),
+        "--index-url", TEST_INDEX, "--repository", TEST_REPOSITORY,
+        "--report", str(report), "--junit", str(junit),
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "shared OS + Python stage" in result.stderr
+    results = {r["entry"]["framework"]: r for r in json.loads(report.read_text())["results"]}
+    assert set(results) == {"torch", "tensorflow", "jax"}
+    for framework, entry in results.items():
+        smoke = entry["smoke"]
+        assert smoke["passed"] is True, (framework, smoke["checks"])
+        assert smoke["payload"] == framework
+        assert smoke["train"]["loss_last"] < smoke["train"]["loss_first"]
+        assert (smoke["allreduce"]["world_size"], smoke["allreduce"]["correct"]) == (2, True)
+        assert smoke["allreduce"]["got"] == smoke["allreduce"]["expected"] == 3.0
+        assert smoke["versions"]["framework"].startswith(entry["entry"]["framework_version"])
+        if entry["status"] == "built":
+            # The OS + Python stage was built once up front: every entry found it in the cache.
+            log = Path(entry["image"]["log"]).read_text()
+            apt_step = log.split("apt-get install", 1)[1]
+            assert "Using cache" in apt_step.split("Step 3/", 1)[0], framework
+    assert results["tensorflow"]["status"] == results["jax"]["status"] == "built"
+    assert results["tensorflow"]["entry"]["framework_version"].startswith("2.20.")
+
+    suite = ET.parse(junit).getroot()
+    assert (suite.get("tests"), suite.get("failures")) == ("3", "0")
+    assert sorted(c.get("name") or "" for c in suite.iter("testcase")) == sorted(
+        r["entry"]["id"] for r in results.values()
+    )
+    text = summary.read_text()
+    assert "3/3 entries passed" in text
+    assert text.count("✅ passed") == 3

@@ -1,0 +1,327 @@
+"""A real registry for tests: Debian's `docker-registry` (distribution) on a loopback port.
+
+Nothing is mocked: the server stores blobs on disk under the test's temporary directory, checks
+htpasswd passwords with bcrypt and, with `token_auth=True`, trusts bearer tokens issued by a
+small token server that signs ES256 JWTs with the `openssl` command-line tool (the way Docker
+Hub, GHCR or Harbor hand out tokens). A missing binary fails the test with the command to run.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import requests
+
+INSTALL_HINT = "apt-get update && apt-get install -y docker-registry apache2-utils"
+TOKEN_SERVICE = "envbuild-test-registry"
+TOKEN_ISSUER = "envbuild-test-token-server"
+
+
+class RegistryServerError(RuntimeError):
+    """The test registry could not be started (a missing binary, a server that died)."""
+
+
+def _binary(name: str, fallback: str | None = None) -> str:
+    path = shutil.which(name) or (fallback if fallback and Path(fallback).exists() else None)
+    if path is None:
+        msg = f"`{name}` is not installed; run `{INSTALL_HINT}` (as root) and rerun the tests"
+        raise RegistryServerError(msg)
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _der_ecdsa_to_raw(der: bytes, size: int = 32) -> bytes:
+    """ECDSA signature DER SEQUENCE{r, s} -> r || s, the form JWS ES256 wants."""
+    if der[0] != 0x30:
+        msg = "openssl returned an unexpected ECDSA signature"
+        raise RegistryServerError(msg)
+    index = 3 if der[1] & 0x80 else 2  # long-form length cannot happen for P-256, but be safe
+    parts = []
+    for _ in range(2):
+        length = der[index + 1]
+        value = der[index + 2 : index + 2 + length]
+        parts.append(value.lstrip(b"\0").rjust(size, b"\0"))
+        index += 2 + length
+    return b"".join(parts)
+
+
+class TokenServer:
+    """Issues registry bearer tokens (docker/distribution token auth) for known users."""
+
+    def __init__(self, directory: Path, users: dict[str, str]) -> None:
+        self.users = users
+        self.requests: list[dict[str, Any]] = []  # what clients asked for (no passwords)
+        self.key = directory / "token.key"
+        self.cert = directory / "token.crt"
+        openssl = _binary("openssl")
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+             "-nodes", "-keyout", str(self.key), "-out", str(self.cert), "-days", "2",
+             "-subj", "/CN=envbuild-test-token"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        der = subprocess.run(
+            [openssl, "x509", "-in", str(self.cert), "-outform", "DER"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        self._x5c = base64.b64encode(der).decode("ascii")
+        self._openssl = openssl
+        self.port = free_port()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def realm(self) -> str:
+        return f"http://127.0.0.1:{self.port}/token"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def _sign(self, payload: bytes) -> bytes:
+        der = subprocess.run(
+            [self._openssl, "dgst", "-sha256", "-sign", str(self.key)],
+            input=payload,
+            check=True,
+            capture_output=True,
+        ).stdout
+        return _der_ecdsa_to_raw(der)
+
+    def issue(self, subject: str, scopes: list[str]) -> str:
+        """A JWT granting every requested action on every requested repository."""
+        access = []
+        for scope in scopes:
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "ES256", "x5c": [self._x5c]}
+        claims = {
+            "iss": TOKEN_ISSUER,
+            "sub": subject,
+            "aud": TOKEN_SERVICE,
+            "exp": now + 300,
+            "nbf": now - 10,
+            "iat": now,
+            "jti": secrets.token_hex(8),
+            "access": access,
+        }
+        signing_input = (
+            _b64url(json.dumps(header).encode()) + "." + _b64url(json.dumps(claims).encode())
+        )
+        return signing_input + "." + _b64url(self._sign(signing_input.encode("ascii")))
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                query = parse_qs(urlsplit(self.path).query)
+                scopes = query.get("scope", [])
+                subject = ""
+                header = self.headers.get("Authorization", "")
+                if header.startswith("Basic "):
+                    user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+                    if server.users.get(user) != password:
+                        self._answer(401, {"details": "wrong username or password"})
+                        return
+                    subject = user
+                server.requests.append(
+                    {"scopes": scopes, "service": query.get("service"), "user": subject}
+                )
+                if not subject:
+                    scopes = []  # anonymous users get a token that grants nothing
+                token = server.issue(subject, scopes)
+                self._answer(200, {"token": token, "expires_in": 300})
+
+            def _answer(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+class RegistryServer:
+    """`docker-registry serve` on 127.0.0.1:<free port>, storing under `tmp_dir`.
+
+    `users` turns on htpasswd (HTTP Basic) authentication, or with `token_auth=True` bearer
+    token authentication through a TokenServer that knows the same users.
+    """
+
+    def __init__(
+        self, tmp_dir: Path, *, users: dict[str, str] | None = None, token_auth: bool = False
+    ) -> None:
+        self.tmp_dir = Path(tmp_dir)
+        self.users = users
+        self.token_auth = token_auth
+        self.port = 0
+        self.token_server: TokenServer | None = None
+        self.log_path = self.tmp_dir / "registry.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def start(self) -> None:
+        """Write config.yml and start the server; wait until GET /v2/ answers (200 or 401)."""
+        binary = _binary("docker-registry", "/usr/bin/docker-registry")
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        if self.token_auth and self.token_server is None:
+            self.token_server = TokenServer(self.tmp_dir, self.users or {})
+        for _ in range(3):  # another process may grab the free port before the server binds it
+            self.port = free_port()
+            config = self._write_config()
+            with self.log_path.open("ab") as log:
+                self._process = subprocess.Popen(
+                    [binary, "serve", str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            if self._wait_ready(timeout=20):
+                return
+            self.stop()
+        msg = f"docker-registry did not start; its log ends: {self.log_tail()}"
+        raise RegistryServerError(msg)
+
+    def _write_config(self) -> Path:
+        lines = [
+            "version: 0.1",
+            "log:",
+            "  level: info",
+            "  accesslog:",
+            "    disabled: true",
+            "storage:",
+            "  filesystem:",
+            f"    rootdirectory: {self.tmp_dir / 'storage'}",
+            "  delete:",
+            "    enabled: true",
+            "  maintenance:",
+            "    uploadpurging:",
+            "      enabled: false",
+            "http:",
+            f"  addr: 127.0.0.1:{self.port}",
+            f"  secret: {secrets.token_hex(16)}",
+        ]
+        if self.users and self.token_server is not None:
+            lines += [
+                "auth:",
+                "  token:",
+                f"    realm: {self.token_server.realm}",
+                f"    service: {TOKEN_SERVICE}",
+                f"    issuer: {TOKEN_ISSUER}",
+                f"    rootcertbundle: {self.token_server.cert}",
+            ]
+        elif self.users:
+            lines += [
+                "auth:",
+                "  htpasswd:",
+                "    realm: envbuild-test",
+                f"    path: {self._write_htpasswd(self.users)}",
+            ]
+        config = self.tmp_dir / "config.yml"
+        config.write_text("\n".join(lines) + "\n")
+        return config
+
+    def _write_htpasswd(self, users: dict[str, str]) -> Path:
+        htpasswd = _binary("htpasswd")
+        entries = []
+        for user, password in users.items():
+            # -i reads the password from stdin, so it never shows in the process list.
+            result = subprocess.run(
+                [htpasswd, "-B", "-i", "-n", user],
+                input=password.encode(),
+                capture_output=True,
+                check=True,
+            )
+            entries.append(result.stdout.decode().strip())
+        path = self.tmp_dir / "htpasswd"
+        path.write_text("\n".join(entries) + "\n")
+        return path
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                return False
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{self.url}/v2/", timeout=2).status_code in (200, 401):
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines the server logged, for failure messages."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Terminate the server (and wait for it); safe to call twice or mid-test."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+    def close(self) -> None:
+        """Stop the registry and its token server."""
+        self.stop()
+        if self.token_server is not None:
+            self.token_server.stop()
+            self.token_server = None
+
+    def __enter__(self) -> RegistryServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
