@@ -329,10 +329,16 @@ def render(output: Path, **kwargs: Any) -> None:
 @click.option(
     "--junit", "junit_file", type=click.Path(path_type=Path), help="Write a JUnit XML report here."
 )
+@click.option(
+    "--push",
+    "push_registry",
+    metavar="REGISTRY",
+    help="Publish what passed to this registry (host[/prefix]) in the same run.",
+)
 @reports_errors
 def build(
     no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
-    junit_file: Path | None, **kwargs: Any,
+    junit_file: Path | None, push_registry: str | None, **kwargs: Any,
 ) -> None:  # fmt: skip
     """Build images for the selected entries, then smoke-test them.
 
@@ -367,8 +373,49 @@ def build(
     if summary:
         with Path(summary).open("a", encoding="utf-8") as handle:
             handle.write(markdown_summary(results))
+    if push_registry is not None:
+        if no_smoke:
+            click.echo(
+                "envbuild: --push publishes only smoke-tested images; nothing pushed (--no-smoke)",
+                err=True,
+            )
+        else:
+            _publish_entries(
+                [r.entry for r in results if r.passed], push_registry, report_file=None
+            )
     if not all(r.passed for r in results):
         sys.exit(EXIT_FAILED)
+
+
+def _publish_entries(entries: list[Any], registry: str, *, report_file: Path | None) -> None:
+    from envbuild.engine import Engine
+    from envbuild.publish import candidate, moving_tags
+    from envbuild.store import ResultStore
+
+    engine = Engine.connect()
+    tags = moving_tags(entries)
+    items = [candidate(engine, e.image, moving=tags[e.id]) for e in entries]
+    _publish_items(engine, ResultStore.default(), items, registry, report_file)
+
+
+def _publish_items(
+    engine: Any, store: Any, items: list[Any], registry: str, report_file: Path | None
+) -> None:
+    from envbuild.publish import publish_image
+    from envbuild.report import write_json
+
+    published: list[dict[str, Any]] = []
+    try:
+        for item in items:
+            click.echo(f"publishing {item.source} to {registry}", err=True)
+            for done in publish_image(engine, store, item, registry, on_line=lambda line: None):
+                click.echo(f"  {done.kind:9} {done.reference} {done.digest}")
+                published.append(
+                    {"image": item.source, "image_id": item.image_id, **done.as_dict()}
+                )
+    finally:
+        if report_file is not None:
+            write_json(report_file, {"registry": registry, "published": published})
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -380,6 +427,92 @@ def _write_text(path: Path, text: str) -> None:
     ) as handle:
         handle.write(text)
     Path(handle.name).replace(path)
+
+
+@main.command()
+@selectors
+@click.argument("images", nargs=-1, metavar="[IMAGE]...")
+@click.option(
+    "--registry",
+    required=True,
+    metavar="HOST[/PREFIX]",
+    help="Where to publish, e.g. 127.0.0.1:5000/team.",
+)
+@click.option(
+    "--report",
+    "report_file",
+    type=click.Path(path_type=Path),
+    help="Write the pushed references as JSON.",
+)
+@reports_errors
+def publish(
+    images: tuple[str, ...], registry: str, report_file: Path | None, **kwargs: Any
+) -> None:
+    """Push vetted images (by selectors, or IMAGE references) and verify what the registry holds.
+
+    Only an image whose smoke test passed for its exact image id is pushed. The immutable tag
+    (tag-<content hash>) is pushed and verified first; the smoke report and package list are
+    attached to its digest; then the moving tags (torch2.13-cpu-py3.11, latest) follow.
+    """
+    from envbuild.engine import Engine
+    from envbuild.errors import BadInput
+    from envbuild.publish import candidate
+    from envbuild.store import ResultStore
+
+    picked = any(
+        kwargs[k]
+        for k in ("framework", "framework_version", "cuda", "python", "os_name", "matrix_file")
+    )
+    if images and picked:
+        msg = "give either IMAGE references or selectors, not both"
+        raise BadInput(msg)
+    if images:
+        engine = Engine.connect()
+        items = [candidate(engine, ref) for ref in images]
+        _publish_items(engine, ResultStore.default(), items, registry, report_file)
+        return
+    _, _, result = _plan(kwargs)
+    engine = Engine.connect()
+    built = [e for e in result.entries if engine.image(e.image) is not None]
+    if not built:
+        msg = (
+            f"none of the {len(result.entries)} selected entries is built here; "
+            "run `envbuild build` with the same selectors first"
+        )
+        raise BadInput(msg)
+    _publish_entries(built, registry, report_file=report_file)
+
+
+@main.command()
+@click.argument("reference")
+@click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
+@reports_errors
+def verify(reference: str, as_json: bool) -> None:
+    """Fetch the smoke report published next to REFERENCE and check it belongs to that image."""
+    from envbuild.publish import verify_reference
+
+    found = verify_reference(reference)
+    packages = [line for line in found.packages.splitlines() if line and not line.startswith("#")]
+    if as_json:
+        document = {
+            "reference": found.reference,
+            "digest": found.digest,
+            "passed": found.passed,
+            "smoke": found.report,
+            "packages": packages,
+        }
+        click.echo(json.dumps(document, indent=2))
+    else:
+        train = found.report.get("train") or {}
+        click.echo(f"{reference}: {found.digest}")
+        click.echo(
+            f"  smoke report of image {found.report.get('image_id')}: {'passed' if found.passed else 'FAILED'}"
+        )
+        click.echo(
+            f"  loss {train.get('loss_first')} -> {train.get('loss_last')}; {len(packages)} packages listed"
+        )
+    if not found.passed:
+        sys.exit(EXIT_FAILED)
 
 
 @main.command()
@@ -401,9 +534,11 @@ def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
     from envbuild.engine import Engine
     from envbuild.report import smoke_lines
     from envbuild.smoke import smoke_image
+    from envbuild.store import ResultStore
 
     engine = Engine.connect()
     result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
+    ResultStore.default().record_smoke(result)  # publish trusts only recorded results
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     else:

@@ -186,6 +186,46 @@ class Engine:
             raise EnvbuildError(msg)
         return image.id
 
+    def push(
+        self,
+        image_id: str,
+        ref: str,
+        *,
+        auth_config: dict[str, str] | None,
+        on_line: Callable[[str], None],
+    ) -> str:
+        """Tag the image as `ref` (repo:tag), push it, drop the local tag; return the pushed digest."""
+        repository, _, tag = ref.rpartition(":")
+        self.tag(image_id, ref)
+        digest: str | None = None
+        try:
+            stream = self._client.api.push(
+                repository, tag=tag, stream=True, decode=True, auth_config=auth_config
+            )
+            for chunk in stream:
+                if "error" in chunk:
+                    msg = f"push of {ref} failed: {str(chunk['error']).strip()}"
+                    raise EnvbuildError(msg)
+                if "status" in chunk and chunk.get("id") is None:
+                    on_line(str(chunk["status"]))
+                aux = chunk.get("aux") or {}
+                if "Digest" in aux:
+                    digest = str(aux["Digest"])
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            msg = f"push of {ref} failed: {_short(exc)}"
+            raise EnvbuildError(msg) from exc
+        finally:
+            image = self.image(image_id)
+            if image is not None and any(t != ref for t in image.tags):  # never drop the last tag
+                try:
+                    self._client.images.remove(ref, noprune=True)
+                except docker.errors.DockerException:
+                    log.warning("could not remove the local tag %s", ref)
+        if digest is None:
+            msg = f"push of {ref} reported no digest"
+            raise EnvbuildError(msg)
+        return digest
+
     # -- containers ---------------------------------------------------------
 
     def probe_base(self, ref: str) -> BaseProbe:

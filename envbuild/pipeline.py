@@ -49,8 +49,10 @@ class RunOptions:
 
 
 def _runtime_stage(context: BuildContext) -> str | None:
+    """The OS + Python stage of a Dockerfile, from its FROM line (the header names the entry)."""
     head, found, _ = context.dockerfile.partition(RUNTIME_STAGE_END)
-    return head + "\n" if found else None
+    start = head.find("FROM ")
+    return head[start:] + "\n" if found and start >= 0 else None
 
 
 def build_shared_stages(

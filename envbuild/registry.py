@@ -437,8 +437,8 @@ class RegistryClient:
         # No header, or HEAD unsupported or refused: GET says why, with an error body.
         return self.get_manifest(repository, reference)[2]
 
-    def get_manifest(self, repository: str, reference: str) -> tuple[dict[str, Any], str, str]:
-        """The manifest (parsed JSON), its media type and its digest."""
+    def manifest_raw(self, repository: str, reference: str) -> tuple[bytes, str, str]:
+        """The manifest's exact bytes, its Content-Type and its (verified) digest."""
         what = self._name(repository, reference)
         response = self._request(
             "GET",
@@ -453,6 +453,12 @@ class RegistryClient:
         else:
             digest = response.headers.get("Docker-Content-Digest") or _sha256(body)
         _verify(body, digest, what)
+        return body, response.headers.get("Content-Type", "").split(";")[0].strip(), digest
+
+    def get_manifest(self, repository: str, reference: str) -> tuple[dict[str, Any], str, str]:
+        """The manifest (parsed JSON), its media type and its digest."""
+        what = self._name(repository, reference)
+        body, content_type, digest = self.manifest_raw(repository, reference)
         try:
             manifest = json.loads(body)
         except ValueError:
@@ -460,7 +466,6 @@ class RegistryClient:
         if not isinstance(manifest, dict):
             msg = f"{what}: the registry returned a manifest that is not a JSON object"
             raise RegistryError(msg)
-        content_type = response.headers.get("Content-Type", "").split(";")[0].strip()
         media_type = str(manifest.get("mediaType") or content_type)
         return manifest, media_type, digest
 

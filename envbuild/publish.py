@@ -1,0 +1,196 @@
+"""Publish only vetted images: push, read the digest back from the registry, then record it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from envbuild.engine import Engine
+from envbuild.errors import BadInput, EnvbuildError
+from envbuild.knowledge import version_sort_key
+from envbuild.registry import (
+    RegistryClient,
+    attach_evidence,
+    docker_auth_config,
+    find_evidence,
+    parse_reference,
+)
+from envbuild.store import ResultStore
+
+PACKAGES_SCRIPT = (
+    "echo '# pip freeze'; (python3 -m pip freeze --all 2>/dev/null || true); "
+    "echo '# dpkg'; (dpkg-query -W -f '${Package} ${Version}\\n' 2>/dev/null || true)"
+)
+
+
+class NotVetted(EnvbuildError):
+    """An image without a passing smoke test for its exact id."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Published:
+    """One reference pushed and verified."""
+
+    reference: str
+    digest: str
+    kind: str  # "immutable", "moving" or "evidence"
+
+    def as_dict(self) -> dict[str, str]:
+        """Plain mapping for the report."""
+        return {"reference": self.reference, "digest": self.digest, "kind": self.kind}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A local image to publish, with the tags it gets."""
+
+    source: str  # what the user named: an entry's image tag or an explicit reference
+    image_id: str
+    name: str  # repository name under the registry prefix, e.g. "torch"
+    tag: str  # e.g. "2.13.0-cpu-py3.11-bookworm"
+    content_hash: str | None
+    moving: tuple[str, ...]  # tags that move to this image once the immutable one is verified
+
+
+def candidate(engine: Engine, ref: str, *, moving: tuple[str, ...] = ()) -> Candidate:
+    """Resolve a local image reference into what publish needs."""
+    image = engine.image(ref)
+    if image is None:
+        msg = f"image {ref} is not in the local engine; build it first (`envbuild build`)"
+        raise BadInput(msg)
+    path, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    name = path.rsplit("/", 1)[-1] if path else ref
+    if ref.startswith("sha256:"):
+        name, tag = image.labels.get("org.envbuild.framework", "image"), image.id[7:19]
+    return Candidate(
+        source=ref,
+        image_id=image.id,
+        name=name,
+        tag=tag,
+        content_hash=image.labels.get("org.envbuild.content-hash"),
+        moving=moving,
+    )
+
+
+def moving_tags(entries: list[Any]) -> dict[str, tuple[str, ...]]:
+    """Per entry id: the series tag (torch2.13-cpu-py3.11) and, for the newest release of each
+    framework in this run, `latest`."""
+    newest: dict[str, Any] = {}
+    for entry in entries:
+        best = newest.get(entry.framework)
+        if best is None or version_sort_key(entry.framework_version) > version_sort_key(
+            best.framework_version
+        ):
+            newest[entry.framework] = entry
+    tags: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        series = ".".join(entry.framework_version.split(".")[:2])
+        cuda = "cpu" if entry.cuda == "cpu" else "cu" + entry.cuda.replace(".", "")
+        names = [f"{entry.framework}{series}-{cuda}-py{entry.python}"]
+        if newest[entry.framework] is entry:
+            names.append("latest")
+        tags[entry.id] = tuple(names)
+    return tags
+
+
+def _split_registry(registry: str) -> tuple[str, str]:
+    host, _, prefix = registry.strip("/").partition("/")
+    if not host or ("." not in host and ":" not in host and host != "localhost"):
+        msg = f"--registry {registry!r} names no registry host (e.g. registry.example.com/ml or 127.0.0.1:5000/team)"
+        raise BadInput(msg)
+    return host, prefix
+
+
+def publish_image(
+    engine: Engine,
+    store: ResultStore,
+    item: Candidate,
+    registry: str,
+    *,
+    on_line: Callable[[str], None],
+) -> list[Published]:
+    """Push one vetted image under its immutable tag, verify the digest, attach the evidence, then
+    move the moving tags; record the publication only when the registry holds the tested image."""
+    record = store.latest_smoke(item.image_id)
+    if record is None or not record.passed:
+        why = "has never been smoke-tested" if record is None else "failed its last smoke test"
+        msg = (
+            f"refusing to publish {item.source}: image {item.image_id[:19]} {why}; "
+            f"vet it with `envbuild smoke {item.source}` (or `envbuild build`) first"
+        )
+        raise NotVetted(msg)
+    host, prefix = _split_registry(registry)
+    repository = f"{prefix}/{item.name}" if prefix else item.name
+    immutable = f"{item.tag}-{(item.content_hash or item.image_id[7:])[:12]}"
+    auth = docker_auth_config(host)
+    with RegistryClient.for_host(host) as client:
+        target = f"{host}/{repository}:{immutable}"
+        pushed = engine.push(item.image_id, target, auth_config=auth, on_line=on_line)
+        held = client.manifest_digest(repository, immutable)
+        if held != pushed:
+            msg = f"{target}: the registry holds {held}, but the push reported {pushed}; not published"
+            raise EnvbuildError(msg)
+        body, media_type, _ = client.manifest_raw(repository, held)
+        manifest = json.loads(body)
+        config = (manifest.get("config") or {}).get("digest")
+        if config != item.image_id:
+            msg = f"{target}: the registry's image config is {config}, not the tested image {item.image_id}"
+            raise EnvbuildError(msg)
+        store.record_published(item.image_id, f"{host}/{repository}@{held}", held)
+        results = [Published(reference=target, digest=held, kind="immutable")]
+        packages = engine.run(item.image_id, ["/bin/sh", "-c", PACKAGES_SCRIPT], timeout=120).stdout
+        evidence = attach_evidence(
+            client, repository, held, media_type, len(body),
+            {
+                "smoke-report.json": (json.dumps(record.report, indent=2).encode(), "application/json"),
+                "packages.txt": (packages.encode(), "text/plain"),
+            },
+        )  # fmt: skip
+        results.append(
+            Published(reference=f"{host}/{repository}@{evidence}", digest=evidence, kind="evidence")
+        )
+        for tag in item.moving:
+            reference = f"{host}/{repository}:{tag}"
+            moved = engine.push(item.image_id, reference, auth_config=auth, on_line=on_line)
+            if client.manifest_digest(repository, tag) != held or moved != held:
+                msg = f"{reference}: the moving tag does not point at {held} after the push"
+                raise EnvbuildError(msg)
+            store.record_published(item.image_id, reference, held)
+            results.append(Published(reference=reference, digest=held, kind="moving"))
+    return results
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """What `envbuild verify` found for a reference."""
+
+    reference: str
+    digest: str
+    passed: bool
+    report: dict[str, Any]
+    packages: str
+
+
+def verify_reference(text: str) -> Verification:
+    """Fetch the evidence attached to a published image and check it belongs to that digest."""
+    ref = parse_reference(text)
+    with RegistryClient.for_host(ref.host) as client:
+        body, _, digest = client.manifest_raw(ref.repository, ref.reference)
+        config = (json.loads(body).get("config") or {}).get("digest")
+        files = find_evidence(client, ref.repository, digest)
+    report = json.loads(files.get("smoke-report.json", b"{}"))
+    if report.get("image_id") != config:
+        msg = (
+            f"{text}: the attached smoke report is for image {report.get('image_id')}, "
+            f"but {digest} holds image {config}"
+        )
+        raise EnvbuildError(msg)
+    return Verification(
+        reference=text,
+        digest=digest,
+        passed=bool(report.get("passed")),
+        report=report,
+        packages=files.get("packages.txt", b"").decode(errors="replace"),
+    )
