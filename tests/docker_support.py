@@ -7,6 +7,7 @@ the end of the session (and leftovers of an interrupted session at its start).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -117,3 +118,32 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except OSError:
         shutil.copyfile(wheels[0], path / wheels[0].name)
     return path
+
+
+TORCH_CPU_IMAGE = "envbuild-test/torch:2.13.0-cpu-py3.11-bookworm"
+
+
+def torch_cpu_args(base_image: str, wheelhouse: Path, ca_bundle: Path, report: Path) -> list[str]:
+    """The torch CPU build of the issue's done-when, into the test repository."""
+    return [
+        "build", "--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu",
+        "--python", "3.11", "--base-image", base_image, "--wheelhouse", str(wheelhouse),
+        "--ca-bundle", str(ca_bundle), "--index-url", TEST_INDEX,
+        "--repository", TEST_REPOSITORY, "--report", str(report),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def torch_cpu_build(
+    docker_client: docker.DockerClient,
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, object], list[str]]:
+    """Build (and smoke-test) the torch CPU image once per session: (process, report, args)."""
+    report = tmp_path_factory.mktemp("torch-cpu") / "r.json"
+    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, report)
+    result = envbuild(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, json.loads(report.read_text()), args

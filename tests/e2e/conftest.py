@@ -4,7 +4,16 @@ from tests.docker_support import (
     docker_client,
     engine,
     isolated_data_dir,
+    torch_cpu_build,
     wheelhouse,
 )
 
-__all__ = ["base_image", "ca_bundle", "docker_client", "engine", "isolated_data_dir", "wheelhouse"]
+__all__ = [
+    "base_image",
+    "ca_bundle",
+    "docker_client",
+    "engine",
+    "isolated_data_dir",
+    "torch_cpu_build",
+    "wheelhouse",
+]

@@ -25,6 +25,7 @@ def test_three_entries_two_at_a_time(
     ca_bundle: Path,
     wheelhouse: Path,
     tmp_path: Path,
+    torch_cpu_build: object,  # built first, so its own tests see it built; here it is found
 ) -> None:
     report, junit, summary = tmp_path / "r.json", tmp_path / "junit.xml", tmp_path / "summary.md"
     result = envbuild(

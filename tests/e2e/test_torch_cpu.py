@@ -9,35 +9,18 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import SECRET, TEST_INDEX, TEST_LABEL, TEST_REPOSITORY, envbuild
+from tests.docker_support import SECRET, TEST_LABEL, TORCH_CPU_IMAGE, envbuild
 
 pytestmark = pytest.mark.e2e
 
-IMAGE = "envbuild-test/torch:2.13.0-cpu-py3.11-bookworm"
-
-
-def build_args(base_image: str, wheelhouse: Path, ca_bundle: Path, report: Path) -> list[str]:
-    return [
-        "build", "--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu",
-        "--python", "3.11", "--base-image", base_image, "--wheelhouse", str(wheelhouse),
-        "--ca-bundle", str(ca_bundle), "--index-url", TEST_INDEX,
-        "--repository", TEST_REPOSITORY, "--report", str(report),
-    ]  # fmt: skip
+IMAGE = TORCH_CPU_IMAGE
 
 
 @pytest.fixture(scope="module")
 def first_build(
-    docker_client: docker.DockerClient,
-    base_image: str,
-    wheelhouse: Path,
-    ca_bundle: Path,
-    tmp_path_factory: pytest.TempPathFactory,
+    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
 ) -> tuple[Any, dict[str, Any], list[str]]:
-    report = tmp_path_factory.mktemp("cpu") / "r.json"
-    args = build_args(base_image, wheelhouse, ca_bundle, report)
-    result = envbuild(*args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, json.loads(report.read_text()), args
+    return torch_cpu_build
 
 
 def test_the_image_is_built_and_proves_it_trains(

@@ -1,0 +1,161 @@
+"""Publishing to real registry servers: only vetted images, verified digests, evidence beside them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import requests
+
+from envbuild.store import ResultStore
+from tests.docker_support import TEST_LABEL, TEST_REPOSITORY, TORCH_CPU_IMAGE, envbuild
+from tests.registry_server import RegistryServer
+
+pytestmark = pytest.mark.e2e
+
+SELECT = ["--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu", "--python", "3.11",
+          "--repository", TEST_REPOSITORY]  # fmt: skip
+
+
+def image_id(docker_client: docker.DockerClient) -> str:
+    return str(docker_client.images.get(TORCH_CPU_IMAGE).id)
+
+
+def catalog(server: RegistryServer, auth: tuple[str, str] | None = None) -> list[str]:
+    response = requests.get(f"{server.url}/v2/_catalog", auth=auth, timeout=10)
+    response.raise_for_status()
+    return list(response.json().get("repositories") or [])
+
+
+def test_publish_verifies_the_digest_and_the_evidence(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    with RegistryServer(tmp_path / "registry") as server:
+        report = tmp_path / "p.json"
+        result = envbuild(
+            "publish", *SELECT, "--registry", f"{server.host}/x", "--report", str(report)
+        )
+        assert result.returncode == 0, result.stderr
+        published = json.loads(report.read_text())["published"]
+        immutable = next(p for p in published if p["kind"] == "immutable")
+        assert immutable["image_id"] == image_id(docker_client)
+        assert immutable["reference"].startswith(
+            f"{server.host}/x/torch:2.13.0-cpu-py3.11-bookworm-"
+        )
+        moving = {
+            p["reference"].rsplit(":", 1)[1]: p["digest"]
+            for p in published
+            if p["kind"] == "moving"
+        }
+        assert moving == {
+            "torch2.13-cpu-py3.11": immutable["digest"],
+            "latest": immutable["digest"],
+        }
+
+        # An independent client sees the digest the report claims.
+        inspected = subprocess.run(
+            ["skopeo", "inspect", "--tls-verify=false", f"docker://{immutable['reference']}"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert json.loads(inspected.stdout)["Digest"] == immutable["digest"]
+
+        # Pulled back by digest, the image runs.
+        by_digest = f"{server.host}/x/torch@{immutable['digest']}"
+        pulled = docker_client.images.pull(by_digest)
+        try:
+            assert pulled.id == immutable["image_id"]
+            out = docker_client.containers.run(
+                by_digest,
+                ["python3", "-c", "import torch; print(torch.__version__)"],
+                remove=True,
+                network_mode="none",
+            )
+            assert out.decode().strip() == "2.13.0+cpu"
+        finally:
+            docker_client.images.remove(by_digest, force=False)
+
+        verified = envbuild("verify", f"{server.host}/x/torch:latest", "--json")
+        assert verified.returncode == 0, verified.stderr
+        evidence = json.loads(verified.stdout)
+        assert evidence["digest"] == immutable["digest"]
+        assert evidence["smoke"]["image_id"] == immutable["image_id"]
+        assert evidence["smoke"]["passed"] is True
+        assert any(line.startswith("torch==2.13.0") for line in evidence["packages"])
+
+
+def test_an_unvetted_image_is_refused_and_nothing_reaches_the_registry(
+    docker_client: docker.DockerClient, base_image: str, tmp_path: Path
+) -> None:
+    tag = "envbuild-test-derived/never-smoked:1"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text(f"FROM {base_image}\nLABEL purpose=unvetted\n")
+    docker_client.images.build(
+        path=str(tmp_path / "ctx"), tag=tag, labels={TEST_LABEL: "1"}, rm=True
+    )
+    with RegistryServer(tmp_path / "registry") as server:
+        result = envbuild("publish", tag, "--registry", f"{server.host}/team")
+        assert result.returncode == 1
+        assert "has never been smoke-tested" in result.stderr
+        assert f"envbuild smoke {tag}" in result.stderr
+        assert catalog(server) == []
+
+
+def test_htpasswd_registry_needs_credentials_and_gets_them_from_docker_config(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    with RegistryServer(tmp_path / "registry", users={"ci": "pa55-word"}) as server:
+        denied = envbuild("publish", *SELECT, "--registry", f"{server.host}/secure",
+                          env={"DOCKER_CONFIG": str(tmp_path / "empty")})  # fmt: skip
+        assert denied.returncode == 1
+        assert "Traceback" not in denied.stderr
+        assert not [
+            p
+            for p in ResultStore.default().publications(image_id(docker_client))
+            if server.host in p.reference
+        ]
+
+        config = tmp_path / "docker-config"
+        config.mkdir()
+        token = base64.b64encode(b"ci:pa55-word").decode()
+        (config / "config.json").write_text(json.dumps({"auths": {server.host: {"auth": token}}}))
+        allowed = envbuild(
+            "publish",
+            *SELECT,
+            "--registry",
+            f"{server.host}/secure",
+            env={"DOCKER_CONFIG": str(config)},
+        )
+        assert allowed.returncode == 0, allowed.stderr
+        assert "pa55-word" not in allowed.stdout + allowed.stderr
+        assert "secure/torch" in catalog(server, auth=("ci", "pa55-word"))
+
+
+def test_a_registry_that_dies_mid_push_leaves_no_published_record(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    server = RegistryServer(tmp_path / "registry")
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "envbuild", "publish", *SELECT, "--registry", f"{server.host}/dying"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        uploads = tmp_path / "registry"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(uploads.rglob("_uploads")):
+            time.sleep(0.2)  # wait until layers are being uploaded
+        assert any(uploads.rglob("_uploads")), "the push never started"
+        server.stop()
+        _, err = process.communicate(timeout=300)
+    finally:
+        server.close()
+    assert process.returncode == 1, err
+    assert "Traceback" not in err
+    records = ResultStore.default().publications(image_id(docker_client))
+    assert not [r for r in records if server.host in r.reference]
