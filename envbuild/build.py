@@ -77,11 +77,12 @@ def build_entry(
     context: BuildContext,
     *,
     on_line: Callable[[str], None] = lambda line: None,
+    no_cache: bool = False,
 ) -> BuiltImage:
     """Build one rendered entry, or find the image its content hash names; tag it either way."""
     entry = context.entry
     start = time.monotonic()
-    existing = engine.find_by_label(HASH_LABEL, context.content_hash)
+    existing = None if no_cache else engine.find_by_label(HASH_LABEL, context.content_hash)
     if existing is not None:
         if entry.image not in existing.tags:
             engine.tag(existing.id, entry.image)
@@ -119,6 +120,7 @@ def build_entry(
                 build_args=context.build_args,
                 on_line=record,
                 network=not context.offline,
+                no_cache=no_cache,
             )
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"

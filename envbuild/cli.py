@@ -329,6 +329,7 @@ def render(output: Path, **kwargs: Any) -> None:
 @click.option(
     "--junit", "junit_file", type=click.Path(path_type=Path), help="Write a JUnit XML report here."
 )
+@click.option("--no-cache", is_flag=True, help="Rebuild every layer, even of an image that exists.")
 @click.option(
     "--push",
     "push_registry",
@@ -338,7 +339,7 @@ def render(output: Path, **kwargs: Any) -> None:
 @reports_errors
 def build(
     no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
-    junit_file: Path | None, push_registry: str | None, **kwargs: Any,
+    junit_file: Path | None, push_registry: str | None, no_cache: bool, **kwargs: Any,
 ) -> None:  # fmt: skip
     """Build images for the selected entries, then smoke-test them.
 
@@ -354,7 +355,9 @@ def build(
 
     options = _build_options(kwargs)
     knowledge, _, result = _plan(kwargs, newest_only=True)
-    run = RunOptions(jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus)
+    run = RunOptions(
+        jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache
+    )
     with ProgressView([e.id for e in result.entries]) as view:
         results = run_entries(
             knowledge,

@@ -134,6 +134,7 @@ class Engine:
         on_line: Callable[[str], None],
         network: bool = True,
         target: str | None = None,
+        no_cache: bool = False,
     ) -> str:
         """Build with the classic builder, streaming every output line; return the image id."""
         image_id: str | None = None
@@ -150,6 +151,7 @@ class Engine:
                 decode=True,
                 network_mode=None if network else "none",
                 target=target,
+                nocache=no_cache,
             )
             for chunk in stream:
                 if "stream" in chunk:

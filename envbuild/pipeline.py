@@ -46,6 +46,7 @@ class RunOptions:
     keep_going: bool = False
     smoke: bool = True
     gpus: str = "auto"
+    no_cache: bool = False  # rebuild every layer, even when the content hash exists
 
 
 def _runtime_stage(context: BuildContext) -> str | None:
@@ -125,7 +126,7 @@ def run_entries(
     contexts = [prepare(engine, knowledge, entry, options, probes) for entry in entries]
     for context in contexts:
         on_event(Event(entry_id=context.entry.id, state="queued"))
-    if run.jobs > 1:
+    if run.jobs > 1 and not run.no_cache:
         build_shared_stages(engine, contexts, on_event)
     stop = threading.Event()
     local = threading.local()
@@ -185,7 +186,7 @@ def _build_and_smoke(
         if text.startswith("Step "):
             on_event(Event(entry_id=entry.id, state="step", detail=text.split(" :", 1)[0][5:]))
 
-    built = build_entry(engine, context, on_line=line)
+    built = build_entry(engine, context, on_line=line, no_cache=run.no_cache)
     if not built.built:
         on_event(
             Event(

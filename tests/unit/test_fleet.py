@@ -120,3 +120,39 @@ def test_explain_gives_facts_with_sources() -> None:
     assert excluded["facts"][-1]["holds"] is False
     assert excluded["facts"][-1]["fact"] == excluded["reason"]
     assert "pypi.org" in excluded["facts"][-1]["source"]
+
+
+def test_jax_cuda_13_needs_a_580_driver() -> None:
+    code, _, err = run("plan", "--framework", "jax", "--cuda", "13", "--driver", "570.86.15")
+    assert code == 2
+    assert "CUDA 13 needs driver >= 580.65.06" in err
+    assert "that fleet can run e.g. jax" in err
+    code, out, _ = run(
+        "plan", "--framework", "jax", "--cuda", "13", "--driver", "580.65.06", "--format", "json"
+    )
+    assert code == 0
+    assert {e["cuda"] for e in json.loads(out)["entries"]} == {"13"}
+
+
+def test_tensorflow_2_15_plans_cuda_12_2_with_cudnn_8_9() -> None:
+    code, out, _ = run(
+        "plan",
+        "--framework",
+        "tensorflow",
+        "--framework-version",
+        "2.15",
+        "--cuda",
+        "12",
+        "--format",
+        "json",
+    )
+    assert code == 0
+    entries = json.loads(out)["entries"]
+    assert entries
+    assert {e["cuda"] for e in entries} == {"12.2"}
+    assert all(e["cudnn"].startswith("8.9.") for e in entries)
+    code, _, err = run(
+        "plan", "--framework", "tensorflow", "--framework-version", "2.15", "--python", "3.12"
+    )
+    assert code == 2
+    assert "supports Python 3.9-3.11" in err
