@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ENVBUILD = [sys.executable, "-m", "envbuild"]
+sys.path.insert(0, str(REPO))
 LABEL = "org.envbuild.benchmark=1"
 CPU_MATRIX = REPO / "matrices" / "examples" / "cpu.yaml"
 TORCH = [
@@ -104,6 +105,26 @@ def big_matrix(path: Path) -> int:
     return count
 
 
+def write_contexts(directory: Path, base_image: str, ca_bundle: Path, wheels: Path) -> list[Path]:
+    """Render the CPU matrix's build contexts exactly as `envbuild build` does."""
+    from envbuild.build import prepare
+    from envbuild.engine import Engine
+    from envbuild.knowledge import load_knowledge
+    from envbuild.matrix import load_matrix, make_plan
+    from envbuild.models import BuildOptions, Selection
+    from envbuild.render import write_context
+
+    knowledge = load_knowledge()
+    plan = make_plan(knowledge, load_matrix(CPU_MATRIX, knowledge), Selection())
+    options = BuildOptions(base_image=base_image, ca_bundle=ca_bundle, wheelhouse=wheels)
+    engine = Engine.connect()
+    return [
+        write_context(prepare(engine, knowledge, entry, options), directory / entry.id)
+        / "Dockerfile"
+        for entry in plan.entries
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-image", default="envbuild/base:bookworm")
@@ -176,15 +197,9 @@ def main() -> None:
         matrix = ["-m", str(CPU_MATRIX), "--jobs", "2", *fetch]
         run([*ENVBUILD, "build", *matrix])  # builds what is missing and vets it
         noop = timed(lambda: run([*ENVBUILD, "build", *matrix]), repeat=3)
+        # The very contexts envbuild built (base probed, as build does), for plain docker build.
         contexts = work / "contexts"
-        run([*ENVBUILD, "render", "-m", str(CPU_MATRIX), "-o", str(contexts), *fetch[2:]])
-        dockerfiles = sorted(contexts.glob("*/Dockerfile"))
-        for path in dockerfiles:  # the builds envbuild made used --base-image; so must these
-            path.write_text(
-                path.read_text().replace(
-                    "FROM python:3.11-slim-bookworm", f"FROM {args.base_image}"
-                )
-            )
+        dockerfiles = write_contexts(contexts, args.base_image, Path(args.ca_bundle), wheels)
         cached = timed(
             lambda: [run(["docker", "build", "-q", str(p.parent)]) for p in dockerfiles], repeat=3
         )

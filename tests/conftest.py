@@ -1,4 +1,4 @@
-"""Shared test helpers."""
+"""Shared test helpers; the Docker fixtures of the integration and e2e tiers live in docker_support."""
 
 from __future__ import annotations
 
@@ -8,6 +8,15 @@ import pytest
 
 from envbuild.knowledge import load_knowledge
 from envbuild.models import Knowledge
+from tests.docker_support import (  # noqa: F401 - fixtures, found by name
+    base_image,
+    ca_bundle,
+    docker_client,
+    engine,
+    isolated_data_dir,
+    torch_cpu_build,
+    wheelhouse,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
