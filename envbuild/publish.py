@@ -9,14 +9,9 @@ from typing import Any
 
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, EnvbuildError
+from envbuild.evidence import attach_evidence, find_evidence
 from envbuild.knowledge import version_sort_key
-from envbuild.registry import (
-    RegistryClient,
-    attach_evidence,
-    docker_auth_config,
-    find_evidence,
-    parse_reference,
-)
+from envbuild.registry import RegistryClient, docker_auth_config, parse_reference
 from envbuild.store import ResultStore
 
 PACKAGES_SCRIPT = (

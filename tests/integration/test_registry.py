@@ -26,6 +26,7 @@ import pytest
 import requests
 
 from envbuild.errors import EXIT_FAILED, BadInput, EnvbuildError
+from envbuild.evidence import attach_evidence, find_evidence, referrers_tag
 from envbuild.registry import (
     EVIDENCE_ARTIFACT_TYPE,
     OCI_INDEX,
@@ -40,13 +41,10 @@ from envbuild.registry import (
     RegistryNotFound,
     RegistryRef,
     RegistryUnreachable,
-    attach_evidence,
     default_scheme,
     docker_auth_config,
-    find_evidence,
     lookup_credentials,
     parse_reference,
-    referrers_tag,
 )
 from tests.registry_server import RegistryServer
 
