@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import time
@@ -16,11 +15,8 @@ from envbuild.errors import BadInput, BuildFailed
 from envbuild.models import BaseProbe, BuildContext, BuildOptions, BuiltImage, Entry, Knowledge
 from envbuild.render import render_entry, write_context
 
-log = logging.getLogger(__name__)
 
 HASH_LABEL = "org.envbuild.content-hash"
-# Builder stages stay as untagged images: they are the layer cache of the next build.
-STAGE_LABEL = "org.envbuild.stage=builder"
 
 
 def log_dir() -> Path:
