@@ -15,7 +15,6 @@ from envbuild.errors import BadInput, BuildFailed
 from envbuild.models import BaseProbe, BuildContext, BuildOptions, BuiltImage, Entry, Knowledge
 from envbuild.render import render_entry, write_context
 
-
 HASH_LABEL = "org.envbuild.content-hash"
 
 
