@@ -7,7 +7,7 @@ from typing import Any
 
 from envbuild.errors import BadInput
 from envbuild.matrix import selection_matches
-from envbuild.models import CPU, Combination, Entry, Plan, Selection
+from envbuild.models import CPU, Entry, Plan, Selection
 
 # A CUDA image proves it runs on a GPU only on a runner that has one.
 GPU_RUNNER = ("self-hosted", "gpu")
@@ -16,13 +16,7 @@ CPU_RUNNER = "ubuntu-24.04"
 
 def entry_selection(entry: Entry) -> Selection:
     """The selectors that name `entry` on the command line."""
-    return Selection(
-        framework=entry.framework,
-        framework_version=entry.framework_version,
-        cuda=entry.cuda,
-        python=entry.python,
-        os=entry.os,
-    )
+    return Selection(**entry.combination().as_dict())
 
 
 def selector_arguments(entry: Entry, *, matrix_file: str | None) -> list[str]:
@@ -39,16 +33,6 @@ def selector_arguments(entry: Entry, *, matrix_file: str | None) -> list[str]:
     return arguments
 
 
-def _combination(entry: Entry) -> Combination:
-    return Combination(
-        framework=entry.framework,
-        framework_version=entry.framework_version,
-        cuda=entry.cuda,
-        python=entry.python,
-        os=entry.os,
-    )
-
-
 def _check_unambiguous(plan: Plan) -> None:
     """Raise BadInput when an entry's selectors would also pick another entry of the plan.
 
@@ -63,7 +47,7 @@ def _check_unambiguous(plan: Plan) -> None:
         others = [
             other.id
             for other in plan.entries
-            if other.id != entry.id and selection_matches(selection, _combination(other))
+            if other.id != entry.id and selection_matches(selection, other.combination())
         ]
         if others:
             problems.append(

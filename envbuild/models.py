@@ -187,6 +187,16 @@ class Entry:
     install: Install
     facts: tuple[Fact, ...] = ()  # why it is buildable (plan --explain)
 
+    def combination(self) -> Combination:
+        """The matrix point this entry was resolved from."""
+        return Combination(
+            framework=self.framework,
+            framework_version=self.framework_version,
+            cuda=self.cuda,
+            python=self.python,
+            os=self.os,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """The public fields, as `plan --format json` prints them."""
         return {
