@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -10,12 +11,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from envbuild import __version__
-from envbuild.engine import Engine
+from envbuild.engine import Engine, ImageInfo
 from envbuild.errors import BadInput, BuildFailed
-from envbuild.models import BaseProbe, BuildContext, BuildOptions, BuiltImage, Entry, Knowledge
+from envbuild.models import (
+    HASH_LABEL,
+    BaseProbe,
+    BuildContext,
+    BuildOptions,
+    BuiltImage,
+    Entry,
+    Knowledge,
+)
+from envbuild.redact import redact
 from envbuild.render import render_entry, write_context
+from envbuild.store import ResultStore
 
-HASH_LABEL = "org.envbuild.content-hash"
+log = logging.getLogger(__name__)
 
 
 def log_dir() -> Path:
@@ -67,19 +78,42 @@ def prepare(
     return render_entry(entry, options, probe)
 
 
+def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:
+    """The image envbuild built for this content hash, if the engine still has it.
+
+    Found by the image id recorded at build time, never by the content-hash label alone: an
+    image built FROM an envbuild image inherits that label and is not ours.
+    """
+    record = store.built_image(context.content_hash)
+    if record is None:
+        return None
+    image = engine.image(record.image_id)
+    if image is None or image.labels.get(HASH_LABEL) != context.content_hash:
+        return None
+    return image
+
+
 def build_entry(
     engine: Engine,
     context: BuildContext,
     *,
+    store: ResultStore,
     on_line: Callable[[str], None] = lambda line: None,
     no_cache: bool = False,
 ) -> BuiltImage:
-    """Build one rendered entry, or find the image its content hash names; tag it either way."""
+    """Build one rendered entry, or find the image envbuild built for its content hash; tag it."""
     entry = context.entry
     start = time.monotonic()
-    existing = None if no_cache else engine.find_by_label(HASH_LABEL, context.content_hash)
+    existing = None if no_cache else _built_before(engine, store, context)
     if existing is not None:
-        if entry.image not in existing.tags:
+        tagged = engine.image(entry.image)
+        moved_from = tagged.id if tagged is not None and tagged.id != existing.id else None
+        if moved_from is not None:
+            log.warning(
+                "%s pointed at %s, not at %s that envbuild built for it; tag restored",
+                entry.image, moved_from[:19], existing.id[:19],
+            )  # fmt: skip
+        if tagged is None or moved_from is not None:
             engine.tag(existing.id, entry.image)
         return BuiltImage(
             entry=entry,
@@ -88,6 +122,7 @@ def build_entry(
             built=False,
             log_path=None,
             seconds=time.monotonic() - start,
+            tag_restored_from=moved_from,
         )
     logs = log_dir()
     logs.mkdir(parents=True, exist_ok=True)
@@ -104,6 +139,7 @@ def build_entry(
         write_context(context, Path(tmp))
 
         def record(line: str) -> None:
+            line = redact(line)
             log_file.write(line + "\n")
             on_line(line)
 
@@ -120,6 +156,7 @@ def build_entry(
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
+    store.record_built(context.content_hash, entry.id, entry.image, image_id)
     return BuiltImage(
         entry=entry,
         id=image_id,

@@ -28,7 +28,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _fail(message: str, code: int) -> None:
-    for line in message.splitlines():
+    from envbuild.redact import redact
+
+    for line in redact(message).splitlines():
         click.echo(f"envbuild: error: {line}", err=True)
     sys.exit(code)
 
@@ -160,10 +162,14 @@ def _fleet_alternatives(knowledge: Knowledge, selection: Selection, fleet: Fleet
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logging.")
 def main(verbose: bool) -> None:
     """Build GPU training images from a compatibility matrix and prove they train."""
+    from envbuild.redact import RedactingFilter
+
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="envbuild: %(levelname)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:  # every library's records, urllib3's included
+        handler.addFilter(RedactingFilter())
 
 
 @main.command()
@@ -350,7 +356,13 @@ def build(
 
     from envbuild.pipeline import RunOptions, run_entries
     from envbuild.progress import ProgressView
-    from envbuild.report import build_document, junit_xml, markdown_summary, write_json
+    from envbuild.report import (
+        build_document,
+        junit_xml,
+        markdown_summary,
+        write_json,
+        write_text,
+    )
     from envbuild.store import ResultStore
 
     options = _build_options(kwargs)
@@ -371,11 +383,16 @@ def build(
     if report_file is not None:
         write_json(report_file, build_document(results))
     if junit_file is not None:
-        _write_text(junit_file, junit_xml(results))
+        write_text(junit_file, junit_xml(results))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with Path(summary).open("a", encoding="utf-8") as handle:
-            handle.write(markdown_summary(results))
+        from envbuild.redact import redact
+
+        try:
+            with Path(summary).open("a", encoding="utf-8") as handle:
+                handle.write(redact(markdown_summary(results)))
+        except OSError as exc:
+            click.echo(f"envbuild: cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", err=True)
     if push_registry is not None:
         if no_smoke:
             click.echo(
@@ -396,9 +413,10 @@ def _publish_entries(entries: list[Any], registry: str, *, report_file: Path | N
     from envbuild.store import ResultStore
 
     engine = Engine.connect()
+    store = ResultStore.default()
     tags = moving_tags(entries)
-    items = [candidate(engine, e.image, moving=tags[e.id]) for e in entries]
-    _publish_items(engine, ResultStore.default(), items, registry, report_file)
+    items = [candidate(engine, store, e.image, moving=tags[e.id]) for e in entries]
+    _publish_items(engine, store, items, registry, report_file)
 
 
 def _publish_items(
@@ -419,17 +437,6 @@ def _publish_items(
     finally:
         if report_file is not None:
             write_json(report_file, {"registry": registry, "published": published})
-
-
-def _write_text(path: Path, text: str) -> None:
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, delete=False, encoding="utf-8"
-    ) as handle:
-        handle.write(text)
-    Path(handle.name).replace(path)
 
 
 @main.command()
@@ -471,8 +478,9 @@ def publish(
         raise BadInput(msg)
     if images:
         engine = Engine.connect()
-        items = [candidate(engine, ref) for ref in images]
-        _publish_items(engine, ResultStore.default(), items, registry, report_file)
+        store = ResultStore.default()
+        items = [candidate(engine, store, ref) for ref in images]
+        _publish_items(engine, store, items, registry, report_file)
         return
     _, _, result = _plan(kwargs)
     engine = Engine.connect()

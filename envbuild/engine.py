@@ -109,14 +109,6 @@ class Engine:
             raise
         return _info(image)
 
-    def find_by_label(self, key: str, value: str) -> ImageInfo | None:
-        """The newest local image carrying label key=value, or None."""
-        images = self._client.images.list(filters={"label": f"{key}={value}"})
-        if not images:
-            return None
-        images.sort(key=lambda i: str(i.attrs.get("Created", "")), reverse=True)
-        return _info(images[0])
-
     def tag(self, image_id: str, ref: str) -> None:
         """Point `ref` (repo:tag) at the image."""
         repository, _, tag = ref.rpartition(":")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from envbuild.redact import redact
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -14,6 +16,8 @@ class EnvbuildError(Exception):
     exit_code = EXIT_FAILED
 
     def __init__(self, message: str) -> None:
+        # Every message a user sees passes through here: secrets never reach a report or a log.
+        message = redact(message)
         super().__init__(message)
         self.message = message
 

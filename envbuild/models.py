@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 CPU = "cpu"
+# The label that names an image's content hash; inherited by images built FROM it.
+HASH_LABEL = "org.envbuild.content-hash"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,6 +283,7 @@ class BuiltImage:
     built: bool  # False when an image with the same content hash already existed
     log_path: Path | None
     seconds: float
+    tag_restored_from: str | None = None  # the image the entry's tag had been moved to
 
 
 @dataclass(frozen=True, kw_only=True)

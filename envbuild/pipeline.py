@@ -22,6 +22,7 @@ from envbuild.models import (
     SmokeCheck,
     SmokeResult,
 )
+from envbuild.redact import register_url
 from envbuild.report import EntryResult
 from envbuild.smoke import smoke_image
 from envbuild.store import ResultStore
@@ -120,6 +121,8 @@ def run_entries(
     connect: Callable[[], Engine] = Engine.connect,
 ) -> list[EntryResult]:
     """Check every base, build shared stages, then build and smoke-test the entries."""
+    for url in (options.index_url, *options.extra_index_urls):
+        register_url(url)  # before anything can print or log a build request
     engine = connect()
     probes: dict[str, BaseProbe] = {}
     # Every entry is checked against its base before the first build starts.
@@ -186,13 +189,12 @@ def _build_and_smoke(
         if text.startswith("Step "):
             on_event(Event(entry_id=entry.id, state="step", detail=text.split(" :", 1)[0][5:]))
 
-    built = build_entry(engine, context, on_line=line, no_cache=run.no_cache)
+    built = build_entry(engine, context, store=store, on_line=line, no_cache=run.no_cache)
     if not built.built:
-        on_event(
-            Event(
-                entry_id=entry.id, state="building", detail="same content hash exists: not rebuilt"
-            )
-        )
+        detail = "same content hash exists: not rebuilt"
+        if built.tag_restored_from is not None:
+            detail += f"; tag moved back from {built.tag_restored_from[:19]}"
+        on_event(Event(entry_id=entry.id, state="building", detail=detail))
     if not run.smoke:
         return EntryResult(entry=entry, image=built, smoke=None, error=None)
     record = store.latest_smoke(built.id)

@@ -11,6 +11,7 @@ from envbuild.engine import Engine
 from envbuild.errors import BadInput, EnvbuildError
 from envbuild.evidence import attach_evidence, find_evidence
 from envbuild.knowledge import version_sort_key
+from envbuild.models import HASH_LABEL
 from envbuild.registry import RegistryClient, docker_auth_config, parse_reference
 from envbuild.store import ResultStore
 
@@ -22,6 +23,10 @@ PACKAGES_SCRIPT = (
 
 class NotVetted(EnvbuildError):
     """An image without a passing smoke test for its exact id."""
+
+
+class NotOurs(EnvbuildError):
+    """An image that carries envbuild's labels but is not the image envbuild built for them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,12 +54,38 @@ class Candidate:
     moving: tuple[str, ...]  # tags that move to this image once the immutable one is verified
 
 
-def candidate(engine: Engine, ref: str, *, moving: tuple[str, ...] = ()) -> Candidate:
-    """Resolve a local image reference into what publish needs."""
+def candidate(
+    engine: Engine, store: ResultStore, ref: str, *, moving: tuple[str, ...] = ()
+) -> Candidate:
+    """Resolve a local image reference into what publish needs.
+
+    An image carrying envbuild's content-hash label is published under that hash only when it
+    is the very image envbuild built for it: a derived image inherits the label from its base,
+    and a tag can be moved (`docker tag`) to any image.
+    """
     image = engine.image(ref)
     if image is None:
         msg = f"image {ref} is not in the local engine; build it first (`envbuild build`)"
         raise BadInput(msg)
+    content_hash = image.labels.get(HASH_LABEL)
+    if content_hash is not None:
+        record = store.built_image(content_hash)
+        if record is None:
+            msg = (
+                f"refusing to publish {ref}: image {image.id[:19]} carries envbuild's content hash "
+                f"{content_hash[:12]}, but envbuild has no record of building it here (an image "
+                "built FROM an envbuild image inherits the label); rebuild the entry with "
+                "`envbuild build` to publish envbuild's own image"
+            )
+            raise NotOurs(msg)
+        if record.image_id != image.id:
+            msg = (
+                f"refusing to publish {ref}: it is image {image.id[:19]}, but envbuild built "
+                f"{record.image_id[:19]} for {record.entry_id} (content hash {content_hash[:12]}); "
+                "the tag was moved or the image derives from envbuild's; run `envbuild build` "
+                "with the same selectors to restore the tag"
+            )
+            raise NotOurs(msg)
     path, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
     name = path.rsplit("/", 1)[-1] if path else ref
     if ref.startswith("sha256:"):
@@ -64,7 +95,7 @@ def candidate(engine: Engine, ref: str, *, moving: tuple[str, ...] = ()) -> Cand
         image_id=image.id,
         name=name,
         tag=tag,
-        content_hash=image.labels.get("org.envbuild.content-hash"),
+        content_hash=content_hash,
         moving=moving,
     )
 

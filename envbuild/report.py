@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuild import __version__
+from envbuild.errors import BadInput
 from envbuild.models import BuiltImage, Entry, Fact, Plan, SmokeResult
+from envbuild.redact import redact
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,16 +83,25 @@ def build_document(results: list[EntryResult]) -> dict[str, Any]:
 
 def write_json(path: Path, document: dict[str, Any]) -> None:
     """Write JSON atomically: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    write_text(path, json.dumps(document, indent=2) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report atomically, secrets taken out; BadInput naming the path if it cannot be."""
+    text = redact(text)
+    tmp: str | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2)
-            handle.write("\n")
+            handle.write(text)
         Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as exc:
+        msg = f"cannot write {path}: {exc.strerror or type(exc).__name__}; choose a writable path"
+        raise BadInput(msg) from None
+    finally:
+        if tmp is not None and Path(tmp).exists():
+            Path(tmp).unlink(missing_ok=True)
 
 
 def smoke_lines(result: SmokeResult) -> list[str]:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from envbuild.errors import BadInput
 from envbuild.models import SmokeResult
 
 _SCHEMA = """
@@ -30,7 +31,22 @@ CREATE TABLE IF NOT EXISTS published (
     created TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS published_image ON published (image_id);
+CREATE TABLE IF NOT EXISTS built (
+    content_hash TEXT NOT NULL,
+    entry_id TEXT NOT NULL,
+    image_ref TEXT NOT NULL,
+    image_id TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS built_hash ON built (content_hash, created);
 """
+
+
+_FIX = "point ENVBUILD_DATA_DIR at a writable directory"
+
+
+class StateError(BadInput):
+    """envbuild's local record (results.sqlite3) cannot be read or written."""
 
 
 def data_dir() -> Path:
@@ -38,7 +54,13 @@ def data_dir() -> Path:
     explicit = os.environ.get("ENVBUILD_DATA_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    base = os.environ.get("XDG_DATA_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".local" / "share")
+        except RuntimeError:
+            msg = f"cannot tell where to keep envbuild's records: HOME is not set; {_FIX}"
+            raise StateError(msg) from None
     return Path(base) / "envbuild"
 
 
@@ -50,6 +72,17 @@ class SmokeRecord:
     image_ref: str
     passed: bool
     report: dict[str, Any]
+    created: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltRecord:
+    """The image envbuild itself built for a content hash (an inherited label proves nothing)."""
+
+    content_hash: str
+    entry_id: str
+    image_ref: str
+    image_id: str
     created: str
 
 
@@ -68,7 +101,14 @@ class ResultStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create envbuild's data directory {path.parent}: {exc.strerror}; {_FIX}"
+            raise StateError(msg) from None
+        if not path.parent.is_dir():
+            msg = f"envbuild's data directory {path.parent} is not a directory; {_FIX}"
+            raise StateError(msg)
         with self._connect() as db:
             db.executescript(_SCHEMA)
 
@@ -79,8 +119,16 @@ class ResultStore:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        with closing(sqlite3.connect(self.path, timeout=30)) as db, db:
-            yield db
+        try:
+            with closing(sqlite3.connect(self.path, timeout=30)) as db, db:
+                yield db
+        except sqlite3.Error as exc:
+            # "file is not a database", "attempt to write a readonly database", ...
+            msg = (
+                f"envbuild's record {self.path} cannot be used ({exc}); move the file away to "
+                f"start a fresh record, fix its permissions, or {_FIX}"
+            )
+            raise StateError(msg) from None
 
     def record_smoke(self, result: SmokeResult) -> None:
         """Keep a smoke result for the exact image id it ran on."""
@@ -106,12 +154,40 @@ class ResultStore:
             ).fetchone()
         if row is None:
             return None
+        try:
+            report = json.loads(row[3])
+        except ValueError:
+            report = None
+        if not isinstance(report, dict):
+            msg = (
+                f"envbuild's record {self.path} holds a damaged smoke report for image "
+                f"{image_id[:19]}; vet the image again with `envbuild smoke`, or move the file away"
+            )
+            raise StateError(msg)
         return SmokeRecord(
-            image_id=row[0],
-            image_ref=row[1],
-            passed=bool(row[2]),
-            report=json.loads(row[3]),
-            created=row[4],
+            image_id=row[0], image_ref=row[1], passed=bool(row[2]), report=report, created=row[4]
+        )
+
+    def record_built(self, content_hash: str, entry_id: str, image_ref: str, image_id: str) -> None:
+        """Keep the id of the image a build produced for this content hash."""
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO built VALUES (?, ?, ?, ?, ?)",
+                (content_hash, entry_id, image_ref, image_id, _now()),
+            )
+
+    def built_image(self, content_hash: str) -> BuiltRecord | None:
+        """The newest image envbuild built for this content hash, or None."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT content_hash, entry_id, image_ref, image_id, created FROM built "
+                "WHERE content_hash = ? ORDER BY created DESC, rowid DESC LIMIT 1",
+                (content_hash,),
+            ).fetchone()
+        if row is None:
+            return None
+        return BuiltRecord(
+            content_hash=row[0], entry_id=row[1], image_ref=row[2], image_id=row[3], created=row[4]
         )
 
     def record_published(self, image_id: str, reference: str, digest: str) -> None:

@@ -1,0 +1,139 @@
+"""An image built FROM an envbuild image inherits its labels, content hash included: it is never
+taken for envbuild's own image, re-tagged in its name, or published as it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import requests
+
+from tests.docker_support import TEST_LABEL, TEST_REPOSITORY, TORCH_CPU_IMAGE, envbuild
+from tests.registry_server import RegistryServer
+
+pytestmark = pytest.mark.e2e
+
+DERIVED = "envbuild-test-derived/trainer:1"
+SELECT = ["--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu", "--python", "3.11",
+          "--repository", TEST_REPOSITORY]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ours(
+    docker_client: docker.DockerClient, torch_cpu_build: tuple[Any, dict[str, Any], list[str]]
+) -> Iterator[str]:
+    """The id of the image envbuild built; the entry's tag points back at it after each test."""
+    image_id = str(docker_client.images.get(TORCH_CPU_IMAGE).id)
+    yield image_id
+    docker_client.images.get(image_id).tag(TORCH_CPU_IMAGE)
+
+
+@pytest.fixture(scope="module")
+def derived(docker_client: docker.DockerClient, ours: str, tmp_path_factory: Any) -> str:
+    """A team's training image FROM envbuild's, as the issue's reproduction builds it."""
+    context = tmp_path_factory.mktemp("derived")
+    (context / "Dockerfile").write_text(f"FROM {TORCH_CPU_IMAGE}\nRUN echo mine > /mine\n")
+    image, _ = docker_client.images.build(
+        path=str(context), tag=DERIVED, labels={TEST_LABEL: "1"}, rm=True, network_mode="none"
+    )
+    assert image.labels["org.envbuild.content-hash"] == (
+        docker_client.images.get(ours).labels["org.envbuild.content-hash"]
+    ), "the derived image must inherit the content hash for this test to mean anything"
+    return str(image.id)
+
+
+def tag_id(docker_client: docker.DockerClient, ref: str) -> str:
+    return str(docker_client.images.get(ref).id)
+
+
+def test_a_derived_image_is_not_adopted(
+    docker_client: docker.DockerClient,
+    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    ours: str,
+    derived: str,
+    tmp_path: Path,
+) -> None:
+    _, _, args = torch_cpu_build
+    report = tmp_path / "again.json"
+    result = envbuild(*args[:-1], str(report), "--no-smoke")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (again,) = json.loads(report.read_text())["results"]
+    assert again["status"] == "found"
+    assert again["image"]["id"] == ours
+    assert tag_id(docker_client, TORCH_CPU_IMAGE) == ours
+    assert tag_id(docker_client, DERIVED) == derived
+
+
+def test_a_moved_tag_is_restored_by_build(
+    docker_client: docker.DockerClient,
+    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    ours: str,
+    derived: str,
+    tmp_path: Path,
+) -> None:
+    docker_client.images.get(derived).tag(TORCH_CPU_IMAGE)
+    assert tag_id(docker_client, TORCH_CPU_IMAGE) == derived
+    _, _, args = torch_cpu_build
+    report = tmp_path / "restore.json"
+    result = envbuild(*args[:-1], str(report), "--no-smoke")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert tag_id(docker_client, TORCH_CPU_IMAGE) == ours
+    assert derived[:19] in result.stderr  # the user is told which image the tag had moved to
+    (again,) = json.loads(report.read_text())["results"]
+    assert again["image"]["id"] == ours
+
+
+def catalog(server: RegistryServer) -> list[str]:
+    response = requests.get(f"{server.url}/v2/_catalog", timeout=10)
+    response.raise_for_status()
+    return list(response.json().get("repositories") or [])
+
+
+def test_a_vetted_derived_image_is_never_published_in_the_entrys_name(
+    docker_client: docker.DockerClient,
+    torch_cpu_build: object,
+    ours: str,
+    derived: str,
+    tmp_path: Path,
+) -> None:
+    # The team's image trains: its own smoke test passes and is recorded for its id.
+    smoked = envbuild("smoke", DERIVED)
+    assert smoked.returncode == 0, smoked.stdout[-2000:] + smoked.stderr[-2000:]
+
+    with RegistryServer(tmp_path / "registry") as server:
+        docker_client.images.get(derived).tag(TORCH_CPU_IMAGE)  # `docker tag`, as a user might
+        try:
+            by_entry = envbuild("publish", *SELECT, "--registry", f"{server.host}/x")
+            by_ref = envbuild("publish", TORCH_CPU_IMAGE, "--registry", f"{server.host}/x")
+            by_name = envbuild("publish", DERIVED, "--registry", f"{server.host}/x")
+        finally:
+            docker_client.images.get(ours).tag(TORCH_CPU_IMAGE)
+        for result in (by_entry, by_ref):
+            assert result.returncode == 1, result.stderr
+            (line,) = result.stderr.splitlines()
+            assert "refusing to publish" in line
+            assert derived[:19] in line  # the image found
+            assert ours[:19] in line  # the image envbuild built and expected
+        assert by_name.returncode == 1, by_name.stderr
+        assert "inherit" in by_name.stderr or "derives" in by_name.stderr
+        assert catalog(server) == []
+
+        # With the tag back on envbuild's image, publishing the entry pushes that image.
+        report = tmp_path / "p.json"
+        result = envbuild(
+            "publish", *SELECT, "--registry", f"{server.host}/x", "--report", str(report)
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        published = json.loads(report.read_text())["published"]
+        immutable = next(p for p in published if p["kind"] == "immutable")
+        assert immutable["image_id"] == ours
+        manifest = requests.get(
+            f"{server.url}/v2/x/torch/manifests/{immutable['digest']}",
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+            timeout=10,
+        ).json()
+        assert manifest["config"]["digest"] == ours
