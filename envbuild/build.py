@@ -136,7 +136,7 @@ def build_entry(
         tempfile.TemporaryDirectory(prefix="envbuild-") as tmp,
         log_path.open("w", encoding="utf-8", buffering=1) as log_file,
     ):
-        write_context(context, Path(tmp))
+        write_context(context, Path(tmp), link_wheels=True)
 
         def record(line: str) -> None:
             line = redact(line)

@@ -57,7 +57,10 @@ def selectors(func: F) -> F:
         click.option(
             "--repository",
             metavar="REPO",
-            help="Image repository, may use {framework} [default: the matrix's, envbuild/{framework}].",
+            help=(
+                "Image repository [HOST[:PORT]/]path, lowercase; may use the placeholder "
+                "{framework} [default: the matrix's, envbuild/{framework}]."
+            ),
         ),
         click.option(
             "-m",
@@ -68,7 +71,11 @@ def selectors(func: F) -> F:
         ),
         click.option("--os", "os_name", metavar="OS", help="OS base, e.g. bookworm."),
         click.option("--python", metavar="X.Y", help="Python version, e.g. 3.11."),
-        click.option("--cuda", metavar="VER", help="'cpu', a major ('12': every 12.x) or '12.1'."),
+        click.option(
+            "--cuda",
+            metavar="VER",
+            help="'cpu', a major ('12': every 12.x), '12.1', or a wheel tag ('cu121', 'cu12').",
+        ),
         click.option(
             "--framework-version", metavar="PREFIX", help="Release or prefix: '2.1' matches 2.1.x."
         ),
@@ -79,16 +86,51 @@ def selectors(func: F) -> F:
     return func
 
 
-def _selection(kwargs: dict[str, Any]) -> Selection:
-    from envbuild.models import Selection
+_SELECTOR_EXAMPLES = {
+    "framework": "torch",
+    "framework_version": "2.4 or 2.4.1",
+    "python": "3.11",
+    "os_name": "bookworm",
+}
 
+
+def _selection(kwargs: dict[str, Any]) -> Selection:
+    """The selectors, each checked; also checks --repository, which _plan applies later."""
+    import re
+
+    from envbuild.compat import cuda_selector
+    from envbuild.errors import BadInput
+    from envbuild.knowledge import load_knowledge
+    from envbuild.models import Selection
+    from envbuild.references import repository_problem, shown
+
+    for key, example in _SELECTOR_EXAMPLES.items():
+        value = kwargs[key]
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}", value):
+            flag = "--os" if key == "os_name" else "--" + key.replace("_", "-")
+            msg = f"{flag} {shown(value)}: not a plain name or version; give e.g. {example}"
+            raise BadInput(msg)
+    repository = kwargs.get("repository")
+    if repository is not None:
+        problem = repository_problem(repository, load_knowledge().frameworks)
+        if problem is not None:
+            msg = (
+                f"--repository {shown(repository)}: {problem}; "
+                "give e.g. registry.example.com:5000/team/{framework}"
+            )
+            raise BadInput(msg)
     cuda = kwargs.pop("cuda")
-    if cuda is not None and cuda.lower().startswith("cu") and cuda.lower() != "cpu":
-        cuda = cuda[2:]  # accept 'cu121' too
+    selected = None if cuda is None else cuda_selector(cuda)
+    if cuda is not None and selected is None:
+        msg = (
+            f"--cuda {shown(cuda)}: not a CUDA selector; give cpu, a major (12), "
+            "a version (12.1) or a wheel tag (cu121)"
+        )
+        raise BadInput(msg)
     return Selection(
         framework=kwargs.pop("framework"),
         framework_version=kwargs.pop("framework_version"),
-        cuda=cuda.lower() if cuda else None,
+        cuda=selected,
         python=kwargs.pop("python"),
         os=kwargs.pop("os_name"),
     )
@@ -218,23 +260,38 @@ def _fleet(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> F
     import difflib
     import re
 
-    from envbuild.compat import find_gpu
+    from envbuild.compat import find_gpu, looks_like_cc
     from envbuild.errors import BadInput
     from envbuild.models import Fleet
+    from envbuild.references import shown
 
     if driver is None and not gpus:
         return None
-    if driver is not None and not re.fullmatch(r"\d+(\.\d+){0,2}", driver):
-        msg = f"--driver {driver!r} is not a driver version (e.g. 535.104.05)"
+    # ASCII digits, bounded: `\d` takes other scripts' digits, and 5,000 digits overflow int().
+    if driver is not None and not re.fullmatch(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,2}", driver):
+        msg = (
+            f"--driver {shown(driver)} is not a driver version; give up to three dot-separated "
+            "numbers of at most 6 digits (e.g. 535.104.05)"
+        )
         raise BadInput(msg)
     found = []
     for text in gpus:
-        gpu = find_gpu(knowledge, text)
+        gpu = find_gpu(knowledge, text) if text.isprintable() and len(text) <= 100 else None
+        if gpu is None and looks_like_cc(text):
+            msg = (
+                f"--gpu {shown(text)} is not a compute capability; give sm_XY or X.Y with "
+                "major X 1-20 and minor Y 0-9 in ASCII digits (e.g. sm_90, 9.0), or a GPU name"
+            )
+            raise BadInput(msg)
         if gpu is None:
-            close = difflib.get_close_matches(text, list(knowledge.gpus), n=3, cutoff=0.4)
+            close = (
+                difflib.get_close_matches(text, list(knowledge.gpus), n=3, cutoff=0.4)
+                if text.isprintable() and len(text) <= 100
+                else []
+            )
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             msg = (
-                f"--gpu {text!r} is not a GPU envbuild knows{hint} "
+                f"--gpu {shown(text)} is not a GPU envbuild knows{hint} "
                 "(or give its compute capability: sm_90 or 9.0)"
             )
             raise BadInput(msg)
@@ -243,9 +300,12 @@ def _fleet(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> F
 
 
 def _build_options(kwargs: dict[str, Any]) -> Any:
+    """The fetch options, checked (each error names its option) and with links resolved."""
     from envbuild.models import BuildOptions
+    from envbuild.redact import register_url
+    from envbuild.render import check_options
 
-    return BuildOptions(
+    options = BuildOptions(
         base_image=kwargs.pop("base_image", None),
         ca_bundle=kwargs.pop("ca_bundle", None),
         wheelhouse=kwargs.pop("wheelhouse", None),
@@ -253,6 +313,9 @@ def _build_options(kwargs: dict[str, Any]) -> Any:
         extra_index_urls=tuple(kwargs.pop("extra_index_url", ()) or ()),
         offline=kwargs.pop("offline", False),
     )
+    for url in (options.index_url, *options.extra_index_urls):
+        register_url(url)  # before any message could show it
+    return check_options(options)
 
 
 def fetch_options(func: F) -> F:
@@ -296,14 +359,37 @@ def fetch_options(func: F) -> F:
 )
 @reports_errors
 def render(output: Path, **kwargs: Any) -> None:
-    """Write each entry's Dockerfile and build context for review (no Docker needed)."""
+    """Write each entry's Dockerfile and build context for review (no Docker needed).
+
+    Files are copies (editing them changes no original); links found under the output folder
+    are replaced, never followed.
+    """
+    from envbuild.errors import BadInput
+    from envbuild.references import shown
     from envbuild.render import render_entry, write_context
 
     options = _build_options(kwargs)
     _, _, result = _plan(kwargs, newest_only=False)
+    where = f"-o {shown(str(output))}"
+    try:
+        if output.exists() and not output.is_dir():
+            msg = f"{where}: not a folder; pass a folder to write the build contexts into"
+            raise BadInput(msg)
+        output.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        msg = f"{where}: cannot make the folder ({reason}); pass a writable folder"
+        raise BadInput(msg) from exc
     for entry in result.entries:
         context = render_entry(entry, options)
-        directory = write_context(context, output / entry.id)
+        try:
+            directory = write_context(context, output, entry.id)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.filename is not None:
+                reason += f": {shown(str(exc.filename))}"
+            msg = f"{where}: cannot write {entry.id} ({reason}); pass a writable folder"
+            raise BadInput(msg) from exc
         click.echo(f"{entry.id}: {directory / 'Dockerfile'}")
 
 
@@ -547,9 +633,10 @@ def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
     from envbuild.smoke import smoke_image
     from envbuild.store import ResultStore
 
+    store = ResultStore.default()  # an unusable record fails before minutes of work
     engine = Engine.connect()
     result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
-    ResultStore.default().record_smoke(result)  # publish trusts only recorded results
+    store.record_smoke(result)  # publish trusts only recorded results
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     else:

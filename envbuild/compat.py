@@ -6,6 +6,7 @@ Every rule returns a Fact: what was checked, whether it held, and the source it 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from envbuild.knowledge import cuda_tag, version_sort_key
@@ -21,6 +22,7 @@ from envbuild.models import (
     Knowledge,
     Release,
 )
+from envbuild.references import expand_repository
 
 Rule = Callable[[Knowledge, Combination], Fact]
 
@@ -160,7 +162,7 @@ def os_provides_python(knowledge: Knowledge, combo: Combination) -> Fact:
             source=source,
         )
     how = (
-        f"the image {base.python_image.format(python=combo.python)}"
+        f"the image {_python_image(base.python_image, combo.python)}"
         if base.python_image
         else f"{combo.os}'s own python3 ({base.python})"
     )
@@ -334,7 +336,7 @@ def resolve_entry(
     tag = image_tag(combo)
     if variant.requirement is not None:
         install = Install(
-            requirement=variant.requirement.format(version=release.version),
+            requirement=variant.requirement.replace("{version}", release.version),
             index_url=framework.indexes[variant.index] if variant.index else None,
         )
     elif variant.cuda == release.pypi_variant:
@@ -345,7 +347,7 @@ def resolve_entry(
             requirement=f"{framework.package}=={release.version}+{cuda_tag(combo.cuda)}",
             index_url=framework.indexes[variant.cuda],
         )
-    base_image = base.python_image.format(python=combo.python) if base.python_image else base.image
+    base_image = _python_image(base.python_image, combo.python) if base.python_image else base.image
     return Entry(
         id=entry_id(combo),
         framework=combo.framework,
@@ -356,10 +358,46 @@ def resolve_entry(
         python=combo.python,
         os=combo.os,
         base_image=base_image,
-        image=f"{repository.format(framework=combo.framework)}:{tag}",
+        image=f"{expand_repository(repository, combo.framework)}:{tag}",
         install=install,
         facts=facts,
     )
+
+
+def _python_image(template: str, python: str) -> str:
+    # Plain replacement: str.format would also evaluate {python.__class__} or {0:>99999999}.
+    return template.replace("{python}", python)
+
+
+_CUDA_TAG = re.compile(r"[Cc][Uu]([1-9][0-9]?)([0-9])?")
+_CUDA_VERSION = re.compile(r"([1-9][0-9]?)(?:\.([0-9]))?")
+_SM = re.compile(r"[Ss][Mm]_?([0-9]{1,2})([0-9])")
+_CC = re.compile(r"([0-9]{1,2})\.([0-9])")
+CC_MAJORS = range(1, 21)
+
+
+def cuda_selector(text: str) -> str | None:
+    """What a --cuda value selects: 'cpu', a major ('12') or 'X.Y'; None when it is none of these.
+
+    Wheel tags are read as cuda_tag writes them: cu121 is 12.1, cu118 11.8, cu130 13.0, and a
+    two-digit cu12 the major 12.
+    """
+    if text.lower() == CPU:
+        return CPU
+    match = _CUDA_TAG.fullmatch(text) or _CUDA_VERSION.fullmatch(text)
+    if match is None:
+        return None
+    major, minor = match.groups()
+    return f"{major}.{minor}" if minor is not None else major
+
+
+def compute_capability(text: str) -> str | None:
+    """'sm_90', 'sm90' or '9.0' as '9.0'; None unless it is major 1-20, minor 0-9 (ASCII digits)."""
+    match = _SM.fullmatch(text) or _CC.fullmatch(text)
+    if match is None:
+        return None
+    major, minor = int(match[1]), int(match[2])
+    return f"{major}.{minor}" if major in CC_MAJORS else None
 
 
 def _squash(text: str) -> str:
@@ -369,19 +407,13 @@ def _squash(text: str) -> str:
 def find_gpu(knowledge: Knowledge, text: str) -> Gpu | None:
     """A GPU from a name ("H100", "RTX 4090", "NVIDIA H100 80GB HBM3") or a compute
     capability ("sm_90", "9.0"); None when it is neither."""
-    lowered = text.strip().lower()
-    digits = lowered.removeprefix("sm_").removeprefix("sm")
-    if lowered != digits and digits.isdigit() and len(digits) >= 2:
-        cc = f"{int(digits[:-1])}.{digits[-1]}"
-        return Gpu(name=text.strip(), cc=cc, memory_gb=None, source="the command line")
-    major, dot, minor = lowered.partition(".")
-    if dot and major.isdigit() and minor.isdigit():
-        return Gpu(
-            name=f"sm_{major}{minor}",
-            cc=f"{int(major)}.{minor}",
-            memory_gb=None,
-            source="the command line",
-        )
+    stripped = text.strip()
+    cc = compute_capability(stripped)
+    if cc is not None:
+        name = stripped if stripped.lower().startswith("sm") else _sm(cc)
+        return Gpu(name=name, cc=cc, memory_gb=None, source="the command line")
+    if looks_like_cc(stripped):
+        return None  # sm_00, sm_999999, 9.x: not a GPU name either
     wanted = _squash(text)
     by_name = {_squash(name): gpu for name, gpu in knowledge.gpus.items()}
     if wanted in by_name:
@@ -389,3 +421,12 @@ def find_gpu(knowledge: Knowledge, text: str) -> Gpu | None:
     # Product strings as drivers report them contain the model name: take the longest match.
     contained = [key for key in by_name if key and key in wanted]
     return by_name[max(contained, key=len)] if contained else None
+
+
+def looks_like_cc(text: str) -> bool:
+    """True when `text` is written as a compute capability (sm_..., digits and dots), valid or not."""
+    lowered = text.strip().lower()
+    if lowered.startswith("sm"):
+        rest = lowered[2:]
+        return not rest or rest[0] == "_" or rest[0].isdigit()
+    return bool(lowered) and all(ch.isdigit() or ch == "." for ch in lowered)
