@@ -13,6 +13,7 @@ from pathlib import Path
 from envbuild import __version__
 from envbuild.engine import Engine, ImageInfo
 from envbuild.errors import BadInput, BuildFailed
+from envbuild.interrupt import scratch_prefix
 from envbuild.models import (
     HASH_LABEL,
     BaseProbe,
@@ -133,7 +134,7 @@ def build_entry(
         "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     with (
-        tempfile.TemporaryDirectory(prefix="envbuild-") as tmp,
+        tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp,
         log_path.open("w", encoding="utf-8", buffering=1) as log_file,
     ):
         write_context(context, Path(tmp), link_wheels=True)

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -44,8 +45,18 @@ def reports_errors(func: F) -> F:
             return func(*args, **kwargs)
         except EnvbuildError as exc:
             _fail(exc.message, exc.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
+        except KeyboardInterrupt as exc:
+            from envbuild.interrupt import exit_code, remove_scratch
+
+            remove_scratch()
+            code = exit_code(exc)
+            click.echo(
+                f"envbuild: error: {'terminated' if code == 143 else 'interrupted'}", err=True
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not sys.exit: it would wait for worker threads still blocked on the engine.
+            os._exit(code)
         return None
 
     return wrapper  # type: ignore[return-value]
@@ -204,7 +215,10 @@ def _fleet_alternatives(knowledge: Knowledge, selection: Selection, fleet: Fleet
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logging.")
 def main(verbose: bool) -> None:
     """Build GPU training images from a compatibility matrix and prove they train."""
+    from envbuild.interrupt import install_sigterm
     from envbuild.redact import RedactingFilter
+
+    install_sigterm()
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,

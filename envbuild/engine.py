@@ -18,6 +18,7 @@ import requests
 from docker.types import DeviceRequest
 
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
+from envbuild.interrupt import RUN_LABEL, run_id
 from envbuild.models import BaseProbe
 
 log = logging.getLogger(__name__)
@@ -272,7 +273,7 @@ class Engine:
                 ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if gpus else None,
                 device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
                 network_mode="none",
-                labels={"org.envbuild.role": "smoke"},
+                labels={"org.envbuild.role": "smoke", RUN_LABEL: run_id()},
             )
             for path, data in (files or {}).items():
                 container.put_archive("/", _tar_of(path, data))
@@ -306,6 +307,20 @@ class Engine:
                     container.remove(force=True)
                 except docker.errors.DockerException:
                     log.warning("could not remove container %s", container.id)
+
+    def remove_run_containers(self, run: str) -> int:
+        """Force-remove every container a run made (after an interrupt); return how many."""
+        removed = 0
+        try:
+            containers = self._client.containers.list(
+                all=True, filters={"label": f"{RUN_LABEL}={run}"}
+            )
+            for container in containers:
+                container.remove(force=True)
+                removed += 1
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            log.warning("could not remove the containers of run %s: %s", run, _short(exc))
+        return removed
 
 
 def _info(image: Any) -> ImageInfo:

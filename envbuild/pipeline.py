@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from envbuild.build import build_entry, prepare
 from envbuild.engine import Engine
 from envbuild.errors import EnvbuildError
+from envbuild.interrupt import remove_scratch, run_id, scratch_prefix
 from envbuild.models import (
     BaseProbe,
     BuildContext,
@@ -26,6 +28,8 @@ from envbuild.redact import register_url
 from envbuild.report import EntryResult
 from envbuild.smoke import smoke_image
 from envbuild.store import ResultStore
+
+log = logging.getLogger(__name__)
 
 RUNTIME_STAGE_END = "\nFROM runtime AS builder\n"
 
@@ -77,7 +81,7 @@ def build_shared_stages(
                     entry_id=context.entry.id, state="building", detail="shared OS + Python stage"
                 )
             )
-        with tempfile.TemporaryDirectory(prefix="envbuild-stage-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=scratch_prefix("stage")) as tmp:
             (Path(tmp) / "Dockerfile").write_text(stage, encoding="utf-8")
             engine.build(
                 Path(tmp),
@@ -165,8 +169,27 @@ def run_entries(
                 stop.set()
         return result
 
-    with ThreadPoolExecutor(max_workers=max(1, run.jobs), thread_name_prefix="envbuild") as pool:
-        return list(pool.map(one, contexts))
+    pool = ThreadPoolExecutor(max_workers=max(1, run.jobs), thread_name_prefix="envbuild")
+    try:
+        results = list(pool.map(one, contexts))
+    except KeyboardInterrupt:
+        # Workers may be blocked on the engine: schedule nothing more, remove what this run
+        # made from here, and let the CLI exit without waiting for them.
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        abandon_run(connect)
+        raise
+    pool.shutdown()
+    return results
+
+
+def abandon_run(connect: Callable[[], Engine]) -> None:
+    """Remove the containers and temporary contexts of this run (after an interrupt)."""
+    remove_scratch()
+    try:
+        connect().remove_run_containers(run_id())
+    except EnvbuildError as exc:
+        log.warning("could not clean up after the interrupt: %s", exc.message)
 
 
 def _failed_checks(smoke: SmokeResult | None) -> str:

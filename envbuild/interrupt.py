@@ -1,0 +1,60 @@
+"""Ctrl-C and SIGTERM end a run cleanly: what this process made is found again and removed.
+
+Everything a run leaves on the host while it works is marked with this process's run id:
+smoke containers carry it as a label, temporary build contexts as a folder-name prefix. On an
+interrupt the main thread removes them (worker threads may still be blocked on the engine),
+then the process exits at once with 130 (SIGINT) or 143 (SIGTERM); closing its connections
+makes the engine abandon a build in progress, and the classic builder then removes its
+intermediate container itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+RUN_LABEL = "org.envbuild.run"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """The shell's convention: 128 + the signal number."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def install_sigterm() -> None:
+    """Turn SIGTERM into Terminated so that cleanup runs as it does for Ctrl-C."""
+
+    def raise_terminated(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
+@functools.cache
+def run_id() -> str:
+    """This process's id on the host: pid plus a random part (pids are reused)."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def scratch_prefix(kind: str) -> str:
+    """Prefix for a temporary folder of this run, found again by `remove_scratch`."""
+    return f"envbuild-{run_id()}-{kind}-"
+
+
+def remove_scratch() -> int:
+    """Remove this run's temporary folders; return how many there were."""
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(f"envbuild-{run_id()}-*"):
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed

@@ -1,0 +1,168 @@
+"""Ctrl-C and SIGTERM mid-build, mid-smoke and mid-push: a clean exit, nothing half-done left
+behind, and a rerun that recovers. Each test interrupts a real run of the CLI on the real engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from tests.docker_support import TORCH_CPU_IMAGE, envbuild, torch_cpu_args
+from tests.registry_server import RegistryServer
+
+pytestmark = pytest.mark.e2e
+
+INTERRUPTED_REPOSITORY = "envbuild-test/interrupted-{framework}"
+INTERRUPTED_IMAGE = "envbuild-test/interrupted-torch:2.13.0-cpu-py3.11-bookworm"
+
+
+def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "envbuild", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def finish(process: subprocess.Popen[str], sig: int) -> tuple[int, str]:
+    process.send_signal(sig)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the CLI did not exit within 60 s of the signal")
+    return process.returncode, stderr
+
+
+def leftovers(docker_client: docker.DockerClient, since: float) -> list[str]:
+    """Containers created since `since` (the engine removes a cancelled build's own)."""
+    found = []
+    for container in docker_client.containers.list(all=True):
+        created = str(container.attrs.get("Created", ""))
+        if created and _epoch(created) >= since - 2:
+            found.append(f"{container.short_id} {container.name} {container.status}")
+    return found
+
+
+def _epoch(text: str) -> float:
+    from datetime import UTC, datetime
+
+    return datetime.fromisoformat(text.rstrip("Z").split(".")[0]).replace(tzinfo=UTC).timestamp()
+
+
+def scratch(pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"envbuild-{pid}-*"))
+
+
+def rows(data_dir: Path, table: str) -> int:
+    path = data_dir / "results.sqlite3"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(path) as db:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def test_sigterm_mid_build_leaves_nothing_and_the_rerun_builds(
+    docker_client: docker.DockerClient,
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path: Path,
+) -> None:
+    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, tmp_path / "r.json")
+    args[args.index("--repository") + 1] = INTERRUPTED_REPOSITORY
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    log = tmp_path / "cache" / "envbuild" / "logs" / "torch2.13.0-cpu-py3.11-bookworm.log"
+    since = time.time()
+    process = start([*args, "--no-cache", "--no-smoke"], env)
+    # Interrupt inside the step that installs torch: the longest of the build.
+    wait_for(lambda: log.exists() and "pip install" in log.read_text(), "the install step")
+    time.sleep(2)
+    code, stderr = finish(process, signal.SIGTERM)
+    assert code == 143, stderr[-2000:]
+    assert stderr.rstrip().splitlines()[-1] == "envbuild: error: terminated"
+    assert "Traceback" not in stderr
+    assert scratch(process.pid) == []
+    wait_for(lambda: leftovers(docker_client, since) == [], "the engine to drop the build", 60)
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(INTERRUPTED_IMAGE)
+    assert rows(tmp_path / "data", "built") == 0
+
+    rerun = envbuild(*args, "--no-smoke", env=env)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert rows(tmp_path / "data", "built") == 1
+    docker_client.images.remove(INTERRUPTED_IMAGE, force=True)
+
+
+def test_sigint_mid_smoke_removes_the_container_and_records_nothing(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    env = {"ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    since = time.time()
+    process = start(["smoke", TORCH_CPU_IMAGE], env)
+
+    def smoke_running() -> bool:
+        return bool(docker_client.containers.list(filters={"label": "org.envbuild.role=smoke"}))
+
+    wait_for(smoke_running, "the smoke container", 120)
+    time.sleep(1)
+    code, stderr = finish(process, signal.SIGINT)
+    assert code == 130, stderr[-2000:]
+    assert stderr.rstrip().splitlines()[-1] == "envbuild: error: interrupted"
+    assert leftovers(docker_client, since) == []
+    assert rows(tmp_path / "data", "smoke") == 0
+
+    rerun = envbuild("smoke", TORCH_CPU_IMAGE, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert rows(tmp_path / "data", "smoke") == 1
+
+
+def test_sigterm_mid_push_records_nothing_and_the_rerun_publishes(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    image_id = str(docker_client.images.get(TORCH_CPU_IMAGE).id)
+    before = envbuild_publications(image_id)
+    with RegistryServer(tmp_path / "registry") as server:
+        uploads = tmp_path / "registry" / "storage"
+        process = start(["publish", TORCH_CPU_IMAGE, "--registry", f"{server.host}/x"], {})
+
+        def uploading() -> bool:
+            return any(p.name == "_uploads" for p in uploads.rglob("_uploads"))
+
+        wait_for(uploading, "a layer upload", 120)
+        code, stderr = finish(process, signal.SIGTERM)
+        assert code == 143, stderr[-2000:]
+        image = docker_client.images.get(TORCH_CPU_IMAGE)
+        assert not [t for t in image.tags if t.startswith(server.host)]  # no push tag left
+        assert envbuild_publications(image_id) == before
+
+        rerun = envbuild("publish", TORCH_CPU_IMAGE, "--registry", f"{server.host}/x")
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        assert envbuild_publications(image_id) > before
+
+
+def envbuild_publications(image_id: str) -> int:
+    from envbuild.store import ResultStore
+
+    return len(ResultStore.default().publications(image_id))
