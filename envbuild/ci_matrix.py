@@ -36,18 +36,23 @@ def selector_arguments(entry: Entry, *, matrix_file: str | None) -> list[str]:
 def _check_unambiguous(plan: Plan) -> None:
     """Raise BadInput when an entry's selectors would also pick another entry of the plan.
 
-    Selectors match by prefix ('2.15.0' also matches 2.15.0.post1, CUDA '12' every 12.x), and
-    `build` keeps only the newest release it selects, so such a job would build the wrong image.
-    Selectors only narrow, so any entry the CLI could select beside it at build time is already
-    in this plan.
+    A version equal to a release selects that release alone, but other selectors match by
+    prefix (CUDA '12' every 12.x), and `build` keeps only the newest release it selects, so such
+    a job would build the wrong image. Selectors only narrow, so any entry the CLI could select
+    beside it at build time is already in this plan, and every version an entry names is a
+    release (the plan's combinations hold only resolved releases).
     """
+    releases: dict[str, set[str]] = {}
+    combos = [e.combination() for e in plan.entries] + [x.combination for x in plan.excluded]
+    for combo in combos:
+        releases.setdefault(combo.framework, set()).add(combo.framework_version)
     problems = []
     for entry in plan.entries:
         selection = entry_selection(entry)
         others = [
             other.id
             for other in plan.entries
-            if other.id != entry.id and selection_matches(selection, other.combination())
+            if other.id != entry.id and selection_matches(selection, other.combination(), releases)
         ]
         if others:
             problems.append(

@@ -4,29 +4,44 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from envbuild import compat
-from envbuild.errors import MatrixError, SelectionError
+from envbuild.errors import BadInput, MatrixError, SelectionError
 from envbuild.knowledge import version_sort_key
 from envbuild.models import CPU, Combination, Entry, Exclusion, Fleet, Knowledge, Plan, Selection
+from envbuild.references import repository_problem, shown
 from envbuild.resources import matrices_dir
+from envbuild.yamlfile import path_label, read_yaml, yaml_kind
 
 AXES = ("framework", "framework_version", "cuda", "python", "os")
 TOP_KEYS = ("description", "defaults", "axes", "include", "exclude")
 DEFAULT_KEYS = ("python", "os", "repository", "framework_version", "cuda")
 LATEST = "latest"
 DEFAULT_REPOSITORY = "envbuild/{framework}"
+EXAMPLES = {
+    "framework": "[torch]",
+    "framework_version": "['2.4.1'] (a release), ['2.4'] (a prefix) or [latest]",
+    "cuda": "[cpu, '12.1']",
+    "python": "['3.11']",
+    "os": "[bookworm]",
+}
 
-_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
-_CUDA = re.compile(r"^\d+(\.\d+)?$")  # "12.1", or "12" for builds that take the newest 12.x
-_PYTHON = re.compile(r"^3\.\d+$")
+# Bounds that keep a matrix file from asking for hours of work: the axes multiply.
+MAX_COMBINATIONS = 10_000
+MAX_POINTS = 1_000  # per include / exclude list
+MAX_VALUE_CHARS = 64
+
+_VERSION = re.compile(r"[0-9]{1,8}(\.[0-9]{1,8}){0,2}")
+# "12.1", or "12" for builds that take the newest 12.x
+_CUDA = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3})?")
+_PYTHON = re.compile(r"3\.[0-9]{1,3}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,36 +67,78 @@ def _suggest(word: str, choices: list[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
+def _label(where: str, key: Any) -> str:
+    text = str(key)
+    if not isinstance(key, str) or not text.isprintable() or len(text) > 40:
+        text = shown(text, 40)
+    return f"{where}.{text}" if where else text
+
+
+def release_versions(knowledge: Knowledge) -> dict[str, frozenset[str]]:
+    """Each framework's release versions, as version selectors need them."""
+    return {
+        name: frozenset(r.version for r in framework.releases)
+        for name, framework in knowledge.frameworks.items()
+    }
+
+
+def _shorten(values: list[str], limit: int = 12) -> str:
+    if len(values) <= limit:
+        return ", ".join(values)
+    return f"{', '.join(values[:3])}, ..., {', '.join(values[-6:])} ({len(values)} in all)"
+
+
 class _Validator:
     """Walks a matrix document and collects every problem with its location."""
 
     def __init__(self, path: str, knowledge: Knowledge) -> None:
         self.path = path
         self.knowledge = knowledge
+        self.releases = release_versions(knowledge)
         self.problems: list[str] = []
 
     def fail(self, where: str, what: str) -> None:
-        self.problems.append(f"{self.path}: {where}: {what}")
+        self.problems.append(f"{self.path}: {where or 'top level'}: {what}")
 
     def keys(self, where: str, mapping: dict[Any, Any], allowed: tuple[str, ...]) -> None:
         for key in mapping:
-            if str(key) not in allowed:
-                label = f"{where}.{key}" if where else str(key)
+            if not isinstance(key, str) or key not in allowed:
                 self.fail(
-                    label,
+                    _label(where, key),
                     f"unknown key{_suggest(str(key), list(allowed))} (allowed: {', '.join(allowed)})",
                 )
 
+    def mapping(
+        self, where: str, raw: Any, allowed: tuple[str, ...], example: str
+    ) -> dict[str, Any]:
+        """`raw` as a mapping (null is empty) with only `allowed` keys."""
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            self.fail(where, f"expected a mapping, got {yaml_kind(raw)}; e.g. {example}")
+            return {}
+        self.keys(where, raw, allowed)
+        return {k: v for k, v in raw.items() if isinstance(k, str) and k in allowed}
+
     def value(self, where: str, axis: str, raw: Any) -> str | None:
         """Check one axis value; return it as a string, or None after reporting a problem."""
-        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-            self.fail(where, f"expected a string, got {type(raw).__name__}")
-            return None
-        if isinstance(raw, float | int) and axis != "framework":
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
             self.fail(where, f"{raw!r} was read as a YAML number; quote versions: '{raw}'")
             return None
-        text = str(raw)
+        if not isinstance(raw, str):
+            self.fail(where, f"expected a string, got {yaml_kind(raw)}")
+            return None
+        text = raw
         known = self.knowledge
+        if text.strip() and text != text.strip() and len(text) <= MAX_VALUE_CHARS:
+            self.fail(
+                where, f"{shown(text)} has a space or line break at an end; write {text.strip()!r}"
+            )
+            return None
+        if len(text) > MAX_VALUE_CHARS or not text.isprintable():
+            problem = "is too long" if len(text) > MAX_VALUE_CHARS else "holds control characters"
+            self.fail(where, f"{shown(text, 40)} {problem}; give e.g. {EXAMPLES[axis]}")
+            return None
         if axis == "framework":
             if text not in known.frameworks:
                 self.fail(
@@ -90,20 +147,20 @@ class _Validator:
                 )
                 return None
         elif axis == "framework_version":
-            if text != LATEST and not _VERSION.match(text):
+            if text != LATEST and not _VERSION.fullmatch(text) and not self.is_release(text):
                 self.fail(
                     where, f"{text!r} is not a version (use '2.4.1', a prefix '2.4', or 'latest')"
                 )
                 return None
-            if text != LATEST and not any(
-                _version_prefix(text, r.version)
-                for f in known.frameworks.values()
-                for r in f.releases
+            if not any(
+                version_selects(text, v, versions)
+                for versions in self.releases.values()
+                for v in versions
             ):
                 self.fail(where, f"no known release matches {text!r}")
                 return None
         elif axis == "cuda":
-            if text != CPU and not _CUDA.match(text):
+            if text != CPU and not _CUDA.fullmatch(text):
                 choices = [CPU, *sorted(known.cuda_toolkit_driver)]
                 self.fail(
                     where,
@@ -111,7 +168,7 @@ class _Validator:
                 )
                 return None
         elif axis == "python":
-            if not _PYTHON.match(text):
+            if not _PYTHON.fullmatch(text):
                 self.fail(where, f"{text!r} is not a Python version (e.g. '3.11')")
                 return None
         elif axis == "os" and text not in known.os_bases:
@@ -119,83 +176,155 @@ class _Validator:
             return None
         return text
 
-    def point_list(self, name: str, raw: Any) -> tuple[dict[str, str], ...]:
+    def is_release(self, text: str) -> bool:
+        return any(text in versions for versions in self.releases.values())
+
+    def version_of(self, where: str, version: str, frameworks: tuple[str, ...]) -> None:
+        """Report a framework_version that selects no release of any of `frameworks`."""
+        if not frameworks or any(
+            version_selects(version, v, self.releases[f])
+            for f in frameworks
+            for v in self.releases[f]
+        ):
+            return
+        names = " or ".join(frameworks)
+        ordered = sorted((v for f in frameworks for v in self.releases[f]), key=version_sort_key)
+        elsewhere = [
+            f
+            for f, versions in sorted(self.releases.items())
+            if f not in frameworks and any(version_selects(version, v, versions) for v in versions)
+        ]
+        span = f"{names} has {ordered[0]} to {ordered[-1]}" if ordered else f"{names} has none"
+        close = difflib.get_close_matches(version, ordered, n=1, cutoff=0.5)
+        if elsewhere:
+            hint = f"it is a release of {' and '.join(elsewhere)}; {span}"
+        elif close:
+            hint = f"did you mean {close[0]!r}? ({span})"
+        else:
+            hint = span
+        self.fail(where, f"no release of {names} matches {version!r}; {hint}")
+
+    def point_list(
+        self, name: str, raw: Any, frameworks: tuple[str, ...], *, own_framework_needed: bool
+    ) -> tuple[dict[str, str], ...]:
         if raw is None:
             return ()
         if not isinstance(raw, list):
-            self.fail(name, "expected a list of mappings")
+            self.fail(name, f"expected a list of mappings, got {yaml_kind(raw)}")
+            return ()
+        if len(raw) > MAX_POINTS:
+            self.fail(name, f"holds {len(raw)} points, more than {MAX_POINTS}; split the matrix")
             return ()
         points = []
         for i, item in enumerate(raw):
             where = f"{name}[{i}]"
             if not isinstance(item, dict) or not item:
-                self.fail(where, "expected a non-empty mapping of axis: value")
+                self.fail(
+                    where,
+                    "expected a non-empty mapping of axis: value, e.g. {framework: torch, cuda: cpu}",
+                )
                 continue
             self.keys(where, item, AXES)
             point = {}
             for key, value in item.items():
-                if str(key) in AXES:
-                    checked = self.value(f"{where}.{key}", str(key), value)
+                if isinstance(key, str) and key in AXES:
+                    checked = self.value(f"{where}.{key}", key, value)
                     if checked is not None:
-                        point[str(key)] = checked
+                        point[key] = checked
+            if "framework" in item:
+                own: tuple[str, ...] = (point["framework"],) if "framework" in point else ()
+            elif own_framework_needed:  # an include without one builds axes.framework's first
+                own = frameworks[:1]
+            else:
+                own = frameworks
+            if "framework_version" in point:
+                self.version_of(f"{where}.framework_version", point["framework_version"], own)
             points.append(point)
         return tuple(points)
+
+    def repository(self, raw: Any, frameworks: tuple[str, ...]) -> str:
+        if not isinstance(raw, str):
+            self.fail("defaults.repository", f"expected a string, got {yaml_kind(raw)}")
+            return DEFAULT_REPOSITORY
+        problem = repository_problem(raw, frameworks)
+        if problem is not None:
+            self.fail(
+                "defaults.repository",
+                f"{shown(raw, 60)}: {problem}; e.g. registry.example.com/team/{{framework}}",
+            )
+        return raw
 
 
 def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
     """Read and validate a matrix file; raise MatrixError listing every problem."""
-    label = str(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise MatrixError([f"{label}: no such matrix file; pass an existing file to -m"]) from exc
-    except OSError as exc:
-        raise MatrixError([f"{label}: cannot read: {exc.strerror}"]) from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise MatrixError([f"{label}: {where}not valid YAML: {problem}"]) from exc
+    label = path_label(path)
+    data = read_yaml(path, what="matrix file", missing="pass an existing file to -m")
     if not isinstance(data, dict):
-        raise MatrixError([f"{label}: expected a mapping with 'axes' at the top level"])
+        msg = f"{label}: expected a mapping with 'axes' at the top level, got {yaml_kind(data)}"
+        raise MatrixError([msg])
     check = _Validator(label, knowledge)
     check.keys("", data, TOP_KEYS)
+    description = data.get("description")
+    if description is not None and not isinstance(description, str):
+        check.fail(
+            "description", f"expected a string, got {yaml_kind(description)}; write it as text"
+        )
 
-    defaults_raw = data.get("defaults") or {}
-    if not isinstance(defaults_raw, dict):
-        check.fail("defaults", "expected a mapping")
-        defaults_raw = {}
-    check.keys("defaults", defaults_raw, DEFAULT_KEYS)
+    defaults_raw = check.mapping(
+        "defaults", data.get("defaults"), DEFAULT_KEYS, "{python: '3.11', os: bookworm}"
+    )
     defaults: dict[str, str] = {}
     for key in ("python", "os", "framework_version", "cuda"):
         if key in defaults_raw:
             value = check.value(f"defaults.{key}", key, defaults_raw[key])
             if value is not None:
                 defaults[key] = value
-    repository = str(defaults_raw.get("repository", DEFAULT_REPOSITORY))
 
-    axes_raw = data.get("axes")
     axes: dict[str, tuple[str, ...]] = {}
-    if not isinstance(axes_raw, dict):
+    axes_raw = data.get("axes")
+    if axes_raw is None:
         check.fail("axes", "missing; give at least axes.framework (e.g. [torch]) and axes.cuda")
-        axes_raw = {}
-    check.keys("axes", axes_raw, AXES)
+    axes_raw = check.mapping("axes", axes_raw, AXES, "{framework: [torch], cuda: [cpu]}")
+    versions: list[tuple[str, str]] = []  # (place, value) of framework_version values
     for axis in AXES:
-        raw = axes_raw.get(axis)
-        if raw is None:
+        if axis not in axes_raw:
             continue
-        values = raw if isinstance(raw, list) else [raw]
-        checked = [
-            check.value(f"axes.{axis}[{i}]", axis, v)
-            if isinstance(raw, list)
-            else check.value(f"axes.{axis}", axis, v)
-            for i, v in enumerate(values)
-        ]
-        axes[axis] = tuple(v for v in checked if v is not None)
-    if axes_raw and "framework" not in axes_raw:
+        raw = axes_raw[axis]
+        if raw is None or raw == []:
+            empty = "null" if raw is None else "an empty list"
+            check.fail(
+                f"axes.{axis}",
+                f"is {empty}, so nothing would be built; list values, e.g. {EXAMPLES[axis]}, "
+                "or remove the key",
+            )
+            continue
+        items = list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]
+        checked = []
+        for i, item in items:
+            where = f"axes.{axis}" if i is None else f"axes.{axis}[{i}]"
+            value = check.value(where, axis, item)
+            if value is not None:
+                checked.append(value)
+                if axis == "framework_version":
+                    versions.append((where, value))
+        axes[axis] = tuple(dict.fromkeys(checked))
+    if isinstance(data.get("axes"), dict) and "framework" not in axes_raw:
         check.fail("axes.framework", "missing; list the frameworks to build, e.g. [torch]")
-    include = check.point_list("include", data.get("include"))
-    exclude = check.point_list("exclude", data.get("exclude"))
+    frameworks = axes.get("framework", ())
+    if "framework_version" in defaults:
+        versions.append(("defaults.framework_version", defaults["framework_version"]))
+    for where, version in versions:
+        check.version_of(where, version, frameworks)
+    include = check.point_list(
+        "include", data.get("include"), frameworks, own_framework_needed=True
+    )
+    exclude = check.point_list(
+        "exclude", data.get("exclude"), frameworks, own_framework_needed=False
+    )
+    named = tuple(
+        dict.fromkeys([*frameworks, *(p["framework"] for p in include if "framework" in p)])
+    )
+    repository = check.repository(defaults_raw.get("repository", DEFAULT_REPOSITORY), named)
     if check.problems:
         raise MatrixError(check.problems)
 
@@ -205,6 +334,13 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
     axes.setdefault("cuda", (defaults.get("cuda", CPU),))
     axes.setdefault("python", (python,))
     axes.setdefault("os", (os_name,))
+    count = math.prod(len(axes[a]) for a in AXES) + len(include)
+    if count > MAX_COMBINATIONS:
+        msg = (
+            f"{label}: axes: the axes multiply to {count} combinations, more than "
+            f"{MAX_COMBINATIONS}; split the matrix into several files"
+        )
+        raise MatrixError([msg])
     return Matrix(
         source=label,
         axes=axes,
@@ -219,6 +355,7 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
 def knowledge_matrix(knowledge: Knowledge, selection: Selection, defaults: Matrix) -> Matrix:
     """Every release of every framework x every CUDA that framework ever shipped, at the selected
     Python and OS (so a release that lacks a sibling's variant is listed with the reason)."""
+    check_selection(selection)
     python = selection.python or defaults.python
     os_name = selection.os or defaults.os
     points: list[dict[str, str]] = []
@@ -252,6 +389,19 @@ def _version_prefix(prefix: str, version: str) -> bool:
     return version.split(".")[: len(want)] == want
 
 
+def version_selects(selector: str, version: str, releases: Collection[str]) -> bool:
+    """Whether a framework_version selector picks `version` of a framework with `releases`.
+
+    'latest' picks every release; a selector equal to a release picks that release alone
+    (0.9.0 is not 0.9.0.1); any other selector is a prefix ('2.4' picks 2.4.x).
+    """
+    if selector == LATEST:
+        return True
+    if selector in releases:
+        return version == selector
+    return _version_prefix(selector, version)
+
+
 def _resolve_version(knowledge: Knowledge, framework: str, wanted: str) -> str | None:
     """'latest' or a prefix → the newest matching release; an exact unknown version stays as is."""
     info = knowledge.frameworks.get(framework)
@@ -265,11 +415,13 @@ def _resolve_version(knowledge: Knowledge, framework: str, wanted: str) -> str |
     return matching[-1] if matching else None
 
 
-def _point_matches(point: dict[str, str], combo: Combination) -> bool:
+def _point_matches(
+    point: dict[str, str], combo: Combination, releases: Mapping[str, Collection[str]]
+) -> bool:
     fields = combo.as_dict()
     for key, value in point.items():
         if key == "framework_version":
-            if value != LATEST and not _version_prefix(value, fields[key]):
+            if not version_selects(value, fields[key], releases.get(combo.framework, ())):
                 return False
         elif key == "cuda":
             if not cuda_matches(value, fields[key]):
@@ -286,11 +438,11 @@ def cuda_matches(selector: str, cuda: str) -> bool:
     return cuda.split(".")[: len(selector.split("."))] == selector.split(".")
 
 
-def selection_matches(selection: Selection, combo: Combination) -> bool:
-    """True when every given selector matches the combination."""
-    point = {
-        key: value
-        for key, value in (
+def _selectors(selection: Selection) -> list[tuple[str, str]]:
+    """The given selectors as (axis, value) pairs."""
+    return [
+        (axis, value)
+        for axis, value in (
             ("framework", selection.framework),
             ("framework_version", selection.framework_version),
             ("cuda", selection.cuda),
@@ -298,12 +450,39 @@ def selection_matches(selection: Selection, combo: Combination) -> bool:
             ("os", selection.os),
         )
         if value is not None
-    }
-    return _point_matches(point, combo)
+    ]
+
+
+def selection_matches(
+    selection: Selection,
+    combo: Combination,
+    releases: Mapping[str, Collection[str]] | None = None,
+) -> bool:
+    """True when every given selector matches the combination.
+
+    `releases` (framework -> its release versions) lets a version equal to a release select
+    that release alone; without it a version selector is a prefix only.
+    """
+    return _point_matches(dict(_selectors(selection)), combo, releases or {})
+
+
+def check_selection(selection: Selection) -> None:
+    """Raise BadInput for a selector no matrix could hold: too long, or with control characters."""
+    for axis, value in _selectors(selection):
+        if len(value) > MAX_VALUE_CHARS or not value.isprintable():
+            problem = (
+                f"is {len(value)} characters long (at most {MAX_VALUE_CHARS})"
+                if len(value) > MAX_VALUE_CHARS
+                else "holds control characters"
+            )
+            flag = "--" + axis.replace("_", "-")
+            msg = f"{flag} {shown(value, 20)} {problem}; give e.g. {EXAMPLES[axis]}"
+            raise BadInput(msg)
 
 
 def combinations(matrix: Matrix, knowledge: Knowledge) -> list[tuple[Combination, str | None]]:
     """Every combination of the axes plus the includes, each with an exclude reason or None."""
+    releases = release_versions(knowledge)
     seen: dict[Combination, str | None] = {}
     for framework, version, cuda, python, os_name in itertools.product(
         *(matrix.axes[a] for a in AXES)
@@ -316,12 +495,12 @@ def combinations(matrix: Matrix, knowledge: Knowledge) -> list[tuple[Combination
         )
         reason = None
         for i, point in enumerate(matrix.exclude):
-            if _point_matches(point, combo):
+            if _point_matches(point, combo, releases):
                 reason = f"excluded by {matrix.source}: exclude[{i}]"
                 break
         seen.setdefault(combo, reason)
     for point in matrix.include:
-        framework = point["framework"] if "framework" in point else matrix.axes["framework"][0]
+        framework = point.get("framework") or matrix.axes["framework"][0]
         resolved = _resolve_version(knowledge, framework, point.get("framework_version", LATEST))
         if resolved is None:
             continue
@@ -345,10 +524,12 @@ def make_plan(
     newest_only: bool = False,
 ) -> Plan:
     """Expand the matrix, apply the selectors and the rules; keep every exclusion with its reason."""
+    check_selection(selection)
+    releases = release_versions(knowledge)
     entries: list[Entry] = []
     excluded: list[Exclusion] = []
     for combo, excluded_by in combinations(matrix, knowledge):
-        if not selection_matches(selection, combo):
+        if not selection_matches(selection, combo, releases):
             continue
         if excluded_by:
             excluded.append(Exclusion(combination=combo, reason=excluded_by))
@@ -377,17 +558,72 @@ def _newest(entries: list[Entry]) -> list[Entry]:
 def describe(selection: Selection) -> str:
     """The selectors as the user typed them."""
     parts = [
-        f"--{flag} {value}"
-        for flag, value in (
-            ("framework", selection.framework),
-            ("framework-version", selection.framework_version),
-            ("cuda", selection.cuda),
-            ("python", selection.python),
-            ("os", selection.os),
-        )
-        if value is not None
+        f"--{axis.replace('_', '-')} "
+        + (value if value.isprintable() and len(value) <= MAX_VALUE_CHARS else shown(value, 20))
+        for axis, value in _selectors(selection)
     ]
     return " ".join(parts) or "no selectors"
+
+
+def _points(matrix: Matrix) -> list[dict[str, str]]:
+    """The matrix's axes combined (unresolved) and its includes, every axis filled in."""
+    first = matrix.axes["framework"][0] if matrix.axes["framework"] else None
+    defaults = {"framework_version": LATEST, "cuda": CPU, "python": matrix.python, "os": matrix.os}
+    points = [
+        dict(zip(AXES, values, strict=True))
+        for values in itertools.product(*(matrix.axes[a] for a in AXES))
+    ]
+    for point in matrix.include:
+        framework = point.get("framework", first)
+        if framework is not None:
+            points.append({**defaults, "framework": framework, **point})
+    return points
+
+
+def _sorted(axis: str, values: set[str]) -> list[str]:
+    if axis in ("framework", "os"):
+        return sorted(values)
+    return sorted(values, key=lambda v: (v != CPU, version_sort_key(v)))
+
+
+def _offers(matrix: Matrix, selection: Selection) -> str:
+    """What the matrix offers on the axes that explain an empty selection.
+
+    With --framework naming one of the matrix's frameworks, the other axes show what that
+    framework is offered with.
+    """
+    points = _points(matrix)
+    frameworks = {p["framework"] for p in points}
+    framework = selection.framework if selection.framework in frameworks else None
+    chosen = [p for p in points if framework is None or p["framework"] == framework]
+    offered = {axis: _sorted(axis, {p[axis] for p in chosen}) for axis in AXES}
+    offered["framework"] = sorted(frameworks)
+
+    def matches(axis: str, selector: str, value: str) -> bool:
+        if axis == "framework_version":
+            return value == LATEST or version_selects(selector, value, offered[axis])
+        if axis == "cuda":
+            return cuda_matches(selector, value)
+        return selector == value
+
+    given = _selectors(selection)
+    culprits = [
+        axis
+        for axis, selector in given
+        if not any(matches(axis, selector, v) for v in offered[axis])
+    ]
+    parts = []
+    for axis in culprits or [axis for axis, _ in given] or ["framework", "cuda", "python", "os"]:
+        name = axis if axis == "framework" or framework is None else f"{axis} of {framework}"
+        if axis == "framework_version" and framework is None and len(frameworks) > 1:
+            ranges = []
+            for each in sorted(frameworks):
+                v = _sorted(axis, {p[axis] for p in points if p["framework"] == each})
+                ranges.append(f"{each} {v[0]}" if len(v) == 1 else f"{each} {v[0]} to {v[-1]}")
+            parts.append(f"{name}: {', '.join(ranges)}")
+        else:
+            parts.append(f"{name}: {_shorten(offered[axis]) or 'none'}")
+    return "; ".join(parts)
 
 
 def require_entries(plan: Plan, matrix: Matrix, selection: Selection) -> None:
@@ -396,11 +632,7 @@ def require_entries(plan: Plan, matrix: Matrix, selection: Selection) -> None:
         return
     head = f"no entry to build for {describe(selection)} in {matrix.source}"
     if not plan.excluded:
-        offered = "; ".join(
-            f"{axis}: {', '.join(matrix.axes[axis])}"
-            for axis in ("framework", "cuda", "python", "os")
-        )
-        msg = f"{head}: no combination matches; it offers {offered}"
+        msg = f"{head}: no combination matches; it offers {_offers(matrix, selection)}"
         raise SelectionError(msg)
     counts = Counter(e.reason for e in plan.excluded)
     reasons = [f"{reason}" + (f" (x{n})" if n > 1 else "") for reason, n in counts.most_common(5)]

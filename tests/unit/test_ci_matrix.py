@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -156,17 +158,27 @@ def test_without_a_matrix_file_there_is_no_m(default_plan: Plan) -> None:
     ]
 
 
-def test_selectors_that_would_also_pick_another_entry_are_refused(knowledge: Knowledge) -> None:
-    # From the knowledge base, '--framework-version 2.15.0' also matches 2.15.0.post1 (a prefix),
-    # and build keeps the newest it selects: that job would build the wrong release.
+def test_a_version_that_names_a_release_selects_that_release_alone(knowledge: Knowledge) -> None:
+    # '--framework-version 2.15.0' names a release: it is not also a prefix of 2.15.0.post1.
     selection = Selection(framework="tensorflow", framework_version="2.15.0", cuda="cpu")
     defaults = load_matrix(default_matrix_path(), knowledge)
     plan = make_plan(knowledge, knowledge_matrix(knowledge, selection, defaults), selection)
-    assert [e.framework_version for e in plan.entries] == ["2.15.0", "2.15.0.post1"]
+    assert [e.framework_version for e in plan.entries] == ["2.15.0"]
+    github_matrix(plan, matrix_file=None)  # unambiguous now
+    prefix = Selection(framework="tensorflow", framework_version="2.15", cuda="cpu")
+    plan = make_plan(knowledge, knowledge_matrix(knowledge, prefix, defaults), prefix)
+    assert [e.framework_version for e in plan.entries] == ["2.15.0", "2.15.0.post1", "2.15.1"]
+
+
+def test_selectors_that_would_also_pick_another_entry_are_refused(default_plan: Plan) -> None:
+    # A CUDA major selects every minor of it, and build keeps the newest it selects: a job for
+    # the cu12 entry would also select a cu128 sibling.
+    entry = next(e for e in default_plan.entries if e.framework == "jax" and e.cuda == "12")
+    sibling = dataclasses.replace(entry, id=entry.id.replace("-cu12-", "-cu128-"), cuda="12.8")
     with pytest.raises(
-        BadInput, match=r"tensorflow2\.15\.0-cpu\S* also select tensorflow2\.15\.0\.post1"
+        BadInput, match=rf"{re.escape(entry.id)} also select {re.escape(sibling.id)}"
     ):
-        github_matrix(plan, matrix_file=None)
+        github_matrix(Plan(entries=(entry, sibling), excluded=()), matrix_file=None)
 
 
 def actionlint_binary() -> str:
