@@ -599,12 +599,16 @@ def publish(
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
 @reports_errors
 def verify(reference: str, as_json: bool) -> None:
-    """Fetch the smoke report published next to REFERENCE and check it belongs to that image."""
+    """Fetch the smoke report published next to REFERENCE and check it belongs to that image.
+
+    ENVBUILD_REGISTRY_TIMEOUT bounds the whole check (seconds, default 120).
+    """
+    from envbuild.http_limits import printable
     from envbuild.publish import verify_reference
 
     found = verify_reference(reference)
     packages = [line for line in found.packages.splitlines() if line and not line.startswith("#")]
-    if as_json:
+    if as_json:  # json.dumps escapes every control character the registry's strings may hold
         document = {
             "reference": found.reference,
             "digest": found.digest,
@@ -614,16 +618,19 @@ def verify(reference: str, as_json: bool) -> None:
         }
         click.echo(json.dumps(document, indent=2))
     else:
-        train = found.report.get("train") or {}
-        click.echo(f"{reference}: {found.digest}")
-        click.echo(
-            f"  smoke report of image {found.report.get('image_id')}: {'passed' if found.passed else 'FAILED'}"
-        )
-        click.echo(
-            f"  loss {train.get('loss_first')} -> {train.get('loss_last')}; {len(packages)} packages listed"
-        )
+        train = found.report.get("train")
+        train = train if isinstance(train, dict) else {}
+        verdict = "passed" if found.passed else "FAILED"
+        first, last = printable(train.get("loss_first"), 40), printable(train.get("loss_last"), 40)
+        click.echo(f"{printable(reference)}: {found.digest}")
+        click.echo(f"  smoke report of image {found.image_id}: {verdict}")
+        click.echo(f"  loss {first} -> {last}; {len(packages)} packages listed")
     if not found.passed:
-        sys.exit(EXIT_FAILED)
+        msg = (
+            f"{printable(reference)}: the smoke report attached to {found.digest} did not pass; "
+            f"do not use this image, rebuild and publish it again"
+        )
+        raise EnvbuildError(msg)
 
 
 @main.command()

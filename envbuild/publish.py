@@ -9,7 +9,14 @@ from typing import Any
 
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, EnvbuildError
-from envbuild.evidence import attach_evidence, find_evidence
+from envbuild.evidence import (
+    PACKAGES,
+    attach_evidence,
+    find_evidence,
+    image_config_digest,
+    smoke_report,
+)
+from envbuild.http_limits import printable
 from envbuild.knowledge import version_sort_key
 from envbuild.models import HASH_LABEL
 from envbuild.registry import RegistryClient, docker_auth_config, parse_reference
@@ -159,8 +166,13 @@ def publish_image(
             msg = f"{target}: the registry holds {held}, but the push reported {pushed}; not published"
             raise EnvbuildError(msg)
         body, media_type, _ = client.manifest_raw(repository, held)
-        manifest = json.loads(body)
-        config = (manifest.get("config") or {}).get("digest")
+        try:
+            manifest = json.loads(body)
+        except ValueError:
+            manifest = None
+        if not isinstance(manifest, dict):
+            raise client.malformed(target, kind="manifest", why="it is not a JSON object")
+        config = image_config_digest(client, manifest, target)
         if config != item.image_id:
             msg = f"{target}: the registry's image config is {config}, not the tested image {item.image_id}"
             raise EnvbuildError(msg)
@@ -194,29 +206,35 @@ class Verification:
 
     reference: str
     digest: str
+    image_id: str  # the config digest the manifest names; the smoke report is about it
     passed: bool
     report: dict[str, Any]
     packages: str
 
 
 def verify_reference(text: str) -> Verification:
-    """Fetch the evidence attached to a published image and check it belongs to that digest."""
+    """Fetch the evidence attached to a published image and check it belongs to that digest.
+
+    Everything the registry returns is checked for shape first, and one deadline bounds it all.
+    """
     ref = parse_reference(text)
-    with RegistryClient.for_host(ref.host) as client:
-        body, _, digest = client.manifest_raw(ref.repository, ref.reference)
-        config = (json.loads(body).get("config") or {}).get("digest")
+    with RegistryClient.for_host(ref.host) as client, client.operation():
+        manifest, _, digest = client.get_manifest(ref.repository, ref.reference)
+        image_id = image_config_digest(client, manifest, client.name(ref.repository, digest))
         files = find_evidence(client, ref.repository, digest)
-    report = json.loads(files.get("smoke-report.json", b"{}"))
-    if report.get("image_id") != config:
+        where = f"the evidence of {ref.host}/{ref.repository}@{digest}"
+        report = smoke_report(client, files, where)
+    if report["image_id"] != image_id:
         msg = (
-            f"{text}: the attached smoke report is for image {report.get('image_id')}, "
-            f"but {digest} holds image {config}"
+            f"{printable(text)}: the attached smoke report is for image "
+            f"{report['image_id']}, but {digest} holds image {image_id}"
         )
         raise EnvbuildError(msg)
     return Verification(
         reference=text,
         digest=digest,
-        passed=bool(report.get("passed")),
+        image_id=image_id,
+        passed=report["passed"],
         report=report,
-        packages=files.get("packages.txt", b"").decode(errors="replace"),
+        packages=files.get(PACKAGES, b"").decode("utf-8", errors="replace"),
     )

@@ -6,31 +6,73 @@ image's evidence (smoke report, package list) next to it as an OCI 1.1 artifact 
 `subject` is the image, found again through the referrers API or, on registries without one,
 the referrers tag schema (`sha256-<hex>` image index).
 
-Credentials are looked up like Docker does, are never logged, and never appear in messages
-or reprs.
+Credentials (envbuild.credentials) are never logged, never appear in messages or reprs,
+and go only to the registry's own origin or its token service, over https (or loopback).
+Every operation is bounded (envbuild.http_limits): body sizes, redirects, pages, retries and a
+total deadline, so a broken or hostile registry ends in one clear error, never a hang.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import hashlib
-import ipaddress
 import json
 import logging
 import os
 import re
-import shutil
-import subprocess
-import time
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-from urllib.parse import urlencode, urljoin, urlsplit
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
+from urllib.parse import urlencode, urljoin
 
 import requests
 
+from envbuild.credentials import (
+    PASSWORD_ENV,
+    USERNAME_ENV,
+    Credentials,
+    docker_auth_config,
+    lookup_credentials,
+)
 from envbuild.errors import BadInput, EnvbuildError
+from envbuild.http_limits import (
+    BLOB_LIMIT,
+    MANIFEST_LIMIT,
+    MAX_PAGES,
+    SMALL_LIMIT,
+    TOKEN_LIMIT,
+    BodyTooLarge,
+    Deadline,
+    DeadlineExceeded,
+    Overloaded,
+    ReadFailed,
+    RedirectRefused,
+    Reply,
+    TlsFailed,
+    Transport,
+    Unreachable,
+    close_quietly,
+    is_downgrade,
+    is_loopback,
+    origin,
+    origin_text,
+    printable,
+    read_reply,
+    safe_for_credentials,
+    same_origin,
+    watched,
+    watched_session,
+)
+
+__all__ = [  # the credentials API lived here first; callers still import it from here
+    "PASSWORD_ENV",
+    "USERNAME_ENV",
+    "Credentials",
+    "docker_auth_config",
+    "lookup_credentials",
+]
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +85,13 @@ MANIFEST_MEDIA_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_MANIFEST_LIST, DOCKER_MA
 EVIDENCE_ARTIFACT_TYPE = "application/vnd.envbuild.evidence.v1+json"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 CREATED_ANNOTATION = "org.opencontainers.image.created"
-USERNAME_ENV = "ENVBUILD_REGISTRY_USERNAME"
-PASSWORD_ENV = "ENVBUILD_REGISTRY_PASSWORD"
+DEADLINE_ENV = "ENVBUILD_REGISTRY_TIMEOUT"
+DEFAULT_DEADLINE = 120.0  # seconds per registry operation (connecting, retries, reading: all)
+MAX_REFERRERS = 1000
 
 _MANIFEST_ACCEPT = ", ".join(MANIFEST_MEDIA_TYPES)
 _USER_AGENT = "envbuild-registry-client"
 _EMPTY_CONFIG = b"{}"
-_HELPER_TIMEOUT = 30.0
 # Docker's reference grammar (distribution/reference), without the Docker Hub defaults.
 _PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -57,6 +99,8 @@ _DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{32,}")
 _HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::\d+)?")
 _CHALLENGE_PARAM = re.compile(r'(\w+)=(?:"([^"]*)"|([^\s,]*))')
 _HASHES = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
+_MAX_TOKEN_CHARS = 16 * 1024
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # what may follow "Bearer " in a header
 _FIX_LOGIN = f"log in with `docker login {{host}}` or set {USERNAME_ENV} and {PASSWORD_ENV}"
 
 
@@ -86,6 +130,10 @@ class RegistryRejected(RegistryError):
 
 class DigestMismatch(RegistryError):
     """Content read from (or stored by) the registry does not match its digest."""
+
+
+class RegistryMalformed(RegistryError):
+    """The registry answered something that is not what the API (or envbuild) puts there."""
 
 
 class EvidenceNotFound(RegistryNotFound):
@@ -166,186 +214,9 @@ def _looks_like_host(component: str) -> bool:
     return "." in component or ":" in component or component == "localhost"
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, localhost and [::1] (with or without a port)."""
-    if host.startswith("["):
-        name = host[1 : host.find("]")] if "]" in host else host[1:]
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
 def default_scheme(host: str) -> str:
     """Plain http for loopback registries (as Docker allows), https for every other one."""
     return "http" if is_loopback(host) else "https"
-
-
-# -- credentials --------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Credentials:
-    """A username and secret for one registry; the secret never shows in repr or str."""
-
-    username: str
-    password: str = field(repr=False)
-    source: str  # where they came from, safe to show: "ENVBUILD_REGISTRY_USERNAME/PASSWORD", ...
-    identity_token: str | None = field(default=None, repr=False)  # OAuth2 refresh token
-
-
-def lookup_credentials(
-    host: str, *, environ: Mapping[str, str] | None = None
-) -> Credentials | None:
-    """Credentials for `host`: ENVBUILD_REGISTRY_* first, then Docker's config; None if none."""
-    env = os.environ if environ is None else environ
-    username, password = env.get(USERNAME_ENV), env.get(PASSWORD_ENV)
-    if username and password:
-        return Credentials(
-            username=username, password=password, source=f"{USERNAME_ENV}/{PASSWORD_ENV}"
-        )
-    if username or password:
-        missing = PASSWORD_ENV if username else USERNAME_ENV
-        present = USERNAME_ENV if username else PASSWORD_ENV
-        msg = f"{present} is set but {missing} is not; set both, or neither to use Docker's login"
-        raise BadInput(msg)
-    config_path = _docker_config_path(env)
-    config = _read_docker_config(config_path)
-    if config is None:
-        return None
-    helpers = config.get("credHelpers")
-    helper = helpers.get(host) if isinstance(helpers, dict) else None
-    store = config.get("credsStore")
-    for name in (helper, store):
-        if isinstance(name, str) and name:
-            found = _from_helper(name, host)
-            if found is not None:
-                return found
-            break  # Docker asks only the most specific helper
-    return _from_auths(config, host, config_path)
-
-
-def docker_auth_config(
-    host: str, *, environ: Mapping[str, str] | None = None
-) -> dict[str, str] | None:
-    """The auth_config the Docker engine expects for pushing to `host`, or None."""
-    credentials = lookup_credentials(host, environ=environ)
-    if credentials is None:
-        return None
-    if credentials.identity_token:
-        return {"identitytoken": credentials.identity_token, "serveraddress": host}
-    return {
-        "username": credentials.username,
-        "password": credentials.password,
-        "serveraddress": host,
-    }
-
-
-def _docker_config_path(env: Mapping[str, str]) -> Path:
-    directory = env.get("DOCKER_CONFIG")
-    base = Path(directory).expanduser() if directory else Path.home() / ".docker"
-    return base / "config.json"
-
-
-def _read_docker_config(path: Path) -> dict[str, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        msg = f"cannot read Docker's config {path}: {exc.strerror}; fix its permissions"
-        raise BadInput(msg) from exc
-    try:
-        data = json.loads(text) if text.strip() else {}
-    except ValueError as exc:
-        # The position only: the text may hold credentials.
-        msg = f"Docker's config {path} is not valid JSON (line {getattr(exc, 'lineno', '?')})"
-        raise BadInput(msg) from None
-    if not isinstance(data, dict):
-        msg = f"Docker's config {path} is not a JSON object; fix or remove it"
-        raise BadInput(msg)
-    return data
-
-
-def _registry_key(key: str) -> str:
-    """`https://host/v1/` and `host` both name `host`, as Docker's config keys may."""
-    if "://" in key:
-        key = urlsplit(key).netloc or key
-    return key.split("/", 1)[0]
-
-
-def _from_auths(config: Mapping[str, Any], host: str, path: Path) -> Credentials | None:
-    auths = config.get("auths")
-    if not isinstance(auths, dict):
-        return None
-    entry = next((value for key, value in auths.items() if _registry_key(str(key)) == host), None)
-    if not isinstance(entry, dict):
-        return None
-    identity_token = entry.get("identitytoken")
-    encoded = entry.get("auth")
-    username = password = ""
-    if isinstance(encoded, str) and encoded:
-        try:
-            username, sep, password = base64.b64decode(encoded).decode("utf-8").partition(":")
-        except ValueError:
-            sep = ""
-        if not sep:
-            msg = (
-                f"Docker's config {path}: auths[{host!r}].auth is not base64 of user:password; "
-                f"run `docker login {host}` again"
-            )
-            raise BadInput(msg) from None
-    if isinstance(identity_token, str) and identity_token:
-        return Credentials(
-            username=username or "<token>",
-            password=password,
-            identity_token=identity_token,
-            source=str(path),
-        )
-    if not username:
-        return None
-    return Credentials(username=username, password=password, source=str(path))
-
-
-def _from_helper(name: str, host: str) -> Credentials | None:
-    program = f"docker-credential-{name}"
-    binary = shutil.which(program)
-    if binary is None:
-        log.warning("credential helper %s (from Docker's config) is not on PATH", program)
-        return None
-    try:
-        result = subprocess.run(
-            [binary, "get"],
-            input=host,
-            capture_output=True,
-            text=True,
-            timeout=_HELPER_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("credential helper %s failed for %s: %s", program, host, type(exc).__name__)
-        return None
-    if result.returncode != 0:
-        # Helpers print "credentials not found in native keychain" when nothing is stored.
-        log.debug(
-            "credential helper %s has nothing for %s (exit %s)", program, host, result.returncode
-        )
-        return None
-    try:
-        data = json.loads(result.stdout)
-        username, secret = str(data["Username"]), str(data["Secret"])
-    except (ValueError, KeyError, TypeError):
-        log.warning("credential helper %s answered something that is not its JSON", program)
-        return None
-    if not secret:
-        return None
-    if username == "<token>":  # helpers hand identity (refresh) tokens out this way
-        return Credentials(username=username, password="", identity_token=secret, source=program)
-    return Credentials(username=username, password=secret, source=program)
 
 
 # -- the client ---------------------------------------------------------------
@@ -367,8 +238,49 @@ def _parse_challenge(header: str) -> _Challenge | None:
     return _Challenge(scheme=scheme.lower(), params=params)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _bounded(
+    method: Callable[Concatenate[RegistryClient, _P], _R],
+) -> Callable[Concatenate[RegistryClient, _P], _R]:
+    """Run a client method under one deadline: the caller's operation when one is open."""
+
+    @functools.wraps(method)
+    def wrapper(self: RegistryClient, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self.operation():
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def deadline_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds per registry operation: ENVBUILD_REGISTRY_TIMEOUT, else the default."""
+    env = os.environ if environ is None else environ
+    text = env.get(DEADLINE_ENV, "").strip()
+    if not text:
+        return DEFAULT_DEADLINE
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= 86400:
+        msg = (
+            f"{DEADLINE_ENV}={printable(text, 40)!r} is not a number of seconds; "
+            f"set it to e.g. {DEFAULT_DEADLINE:g}, or unset it"
+        )
+        raise BadInput(msg)
+    return seconds
+
+
 class RegistryClient:
-    """The OCI distribution API of one registry host, with auth and retries."""
+    """The OCI distribution API of one registry host, with auth, retries and bounds.
+
+    Each public method is one operation with one deadline (`deadline` seconds for connecting,
+    retrying and reading, together); `operation()` groups several calls under one. A client is
+    for one thread at a time.
+    """
 
     def __init__(
         self,
@@ -379,24 +291,32 @@ class RegistryClient:
         scheme: str | None = None,
         tries: int = 4,
         backoff: float = 0.5,
-        timeout: float = 120.0,
+        deadline: float = DEFAULT_DEADLINE,
     ) -> None:
         self.host = host
         self.scheme = scheme or default_scheme(host)
         self.base_url = f"{self.scheme}://{host}"
         self._credentials = credentials
         self._owns_session = session is None
-        self.session = session or requests.Session()
-        self.tries = max(1, tries)
-        self.backoff = backoff
-        self.timeout = timeout
+        # A session of the caller's keeps its adapters: its requests are bounded by timeouts and
+        # checks between reads, but not cut off inside one read (see http_limits.watched).
+        self.session = watched_session() if session is None else session
+        self.transport = Transport(self.session, tries=tries, backoff=backoff)
+        self.deadline = deadline
         self._basic = False  # the registry asked for HTTP Basic once: send it pre-emptively
         self._tokens: dict[str, str] = {}  # repository -> bearer token last granted for it
+        self._operation: Deadline | None = None
 
     @classmethod
     def for_host(cls, host: str, *, session: requests.Session | None = None) -> RegistryClient:
-        """A client for `host` with the credentials lookup_credentials finds."""
-        return cls(host, credentials=lookup_credentials(host), session=session)
+        """A client for `host` with the credentials lookup_credentials finds and the deadline
+        ENVBUILD_REGISTRY_TIMEOUT sets."""
+        return cls(
+            host,
+            credentials=lookup_credentials(host),
+            session=session,
+            deadline=deadline_from_env(),
+        )
 
     def __repr__(self) -> str:
         return (
@@ -415,59 +335,79 @@ class RegistryClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def operation(self) -> Iterator[Deadline]:
+        """Run the calls inside under one deadline (nested operations share the outer one)."""
+        if self._operation is not None:
+            yield self._operation
+            return
+        self._operation = Deadline(self.deadline)
+        try:
+            with watched(self._operation):
+                yield self._operation
+        finally:
+            self._operation = None
+
     # -- manifests ------------------------------------------------------------
 
+    @_bounded
     def manifest_digest(self, repository: str, reference: str) -> str:
         """The digest the registry holds for repository:reference (HEAD, else GET)."""
-        response = self._request(
+        what = self.name(repository, reference)
+        reply = self._request(
             "HEAD",
             repository,
             f"manifests/{reference}",
-            what=self._name(repository, reference),
+            what=what,
             headers={"Accept": _MANIFEST_ACCEPT},
             ok=(200, 400, 404, 405),
         )
-        digest = response.headers.get("Docker-Content-Digest")
-        if response.status_code == 200 and digest:
+        digest = reply.headers.get("Docker-Content-Digest")
+        if reply.status == 200 and digest:
+            self._check_digest_header(digest, what)
             if _is_digest(reference) and digest != reference:
-                msg = f"{self._name(repository, reference)}: the registry reports digest {digest}"
+                msg = f"{what}: the registry reports digest {digest}"
                 raise DigestMismatch(msg)
             return digest
         # No header, or HEAD unsupported or refused: GET says why, with an error body.
         return self.get_manifest(repository, reference)[2]
 
+    @_bounded
     def manifest_raw(self, repository: str, reference: str) -> tuple[bytes, str, str]:
         """The manifest's exact bytes, its Content-Type and its (verified) digest."""
-        what = self._name(repository, reference)
-        response = self._request(
+        what = self.name(repository, reference)
+        reply = self._request(
             "GET",
             repository,
             f"manifests/{reference}",
             what=what,
             headers={"Accept": _MANIFEST_ACCEPT},
+            limit=MANIFEST_LIMIT,
         )
-        body = response.content
+        body = reply.body
         if _is_digest(reference):
             digest = reference
         else:
-            digest = response.headers.get("Docker-Content-Digest") or _sha256(body)
+            digest = reply.headers.get("Docker-Content-Digest") or _sha256(body)
+            self._check_digest_header(digest, what)
         _verify(body, digest, what)
-        return body, response.headers.get("Content-Type", "").split(";")[0].strip(), digest
+        content_type = reply.headers.get("Content-Type", "").split(";")[0].strip()
+        return body, printable(content_type, 100), digest
 
+    @_bounded
     def get_manifest(self, repository: str, reference: str) -> tuple[dict[str, Any], str, str]:
         """The manifest (parsed JSON), its media type and its digest."""
-        what = self._name(repository, reference)
+        what = self.name(repository, reference)
         body, content_type, digest = self.manifest_raw(repository, reference)
-        try:
-            manifest = json.loads(body)
-        except ValueError:
-            manifest = None
+        manifest = _json_or_none(body)
         if not isinstance(manifest, dict):
-            msg = f"{what}: the registry returned a manifest that is not a JSON object"
-            raise RegistryError(msg)
-        media_type = str(manifest.get("mediaType") or content_type)
+            raise self.malformed(what, kind="manifest", why="not a JSON object")
+        media_type = manifest.get("mediaType") or content_type
+        if not isinstance(media_type, str):
+            raise self.malformed(what, kind="manifest", why="mediaType is not a string")
         return manifest, media_type, digest
 
+    @_bounded
     def push_manifest(
         self,
         repository: str,
@@ -478,15 +418,16 @@ class RegistryClient:
         """PUT a manifest at a tag or digest; returns its digest (checked with the registry's)."""
         return self._put_manifest(repository, reference, _manifest_bytes(manifest), media_type)[0]
 
+    @_bounded
     def _put_manifest(
         self, repository: str, reference: str, body: bytes, media_type: str
-    ) -> tuple[str, requests.Response]:
+    ) -> tuple[str, Reply]:
         digest = _sha256(body)
-        what = self._name(repository, reference)
+        what = self.name(repository, reference)
         if _is_digest(reference) and reference != digest:
             msg = f"cannot push {what}: the manifest's digest is {digest}"
             raise DigestMismatch(msg)
-        response = self._request(
+        reply = self._request(
             "PUT",
             repository,
             f"manifests/{reference}",
@@ -495,13 +436,17 @@ class RegistryClient:
             data=body,
             ok=(200, 201, 202),
         )
-        stored = response.headers.get("Docker-Content-Digest")
+        stored = reply.headers.get("Docker-Content-Digest")
         if stored and stored != digest:
-            msg = f"{what}: the registry stored digest {stored} for a manifest whose digest is {digest}"
+            msg = (
+                f"{what}: the registry stored digest {printable(stored, 100)} for a manifest "
+                f"whose digest is {digest}"
+            )
             raise DigestMismatch(msg)
         log.info("pushed %s (%s)", what, digest)
-        return digest, response
+        return digest, reply
 
+    @_bounded
     def delete_manifest(self, repository: str, digest: str) -> bool:
         """Delete a manifest by digest, best effort (cleanup); True when the registry did."""
         try:
@@ -509,24 +454,30 @@ class RegistryClient:
                 "DELETE",
                 repository,
                 f"manifests/{digest}",
-                what=self._name(repository, digest),
+                what=self.name(repository, digest),
                 ok=(200, 202),
             )
         except RegistryError as exc:
-            log.warning("could not delete %s: %s", self._name(repository, digest), exc.message)
+            log.warning("could not delete %s: %s", self.name(repository, digest), exc.message)
             return False
         return True
 
+    @_bounded
     def referrers(
         self, repository: str, digest: str, artifact_type: str | None = None
     ) -> list[dict[str, Any]] | None:
-        """Descriptors of manifests whose subject is `digest`; None without a referrers API."""
-        what = f"referrers of {self._name(repository, digest)}"
+        """Descriptors of manifests whose subject is `digest`; None without a referrers API.
+
+        Pages (Link rel="next") are followed on the registry's own origin only, at most
+        MAX_PAGES of them, never one twice.
+        """
+        what = f"referrers of {self.name(repository, digest)}"
         params = {"artifactType": artifact_type} if artifact_type else None
-        url: str | None = self._url(repository, f"referrers/{digest}")
+        url = self._url(repository, f"referrers/{digest}")
+        read: set[str] = set()
         found: list[dict[str, Any]] = []
-        while url:
-            response = self._request(
+        for page in range(MAX_PAGES):
+            reply = self._request(
                 "GET",
                 repository,
                 "",
@@ -535,34 +486,62 @@ class RegistryClient:
                 headers={"Accept": OCI_INDEX},
                 params=params,
                 ok=(200, 404),
+                limit=MANIFEST_LIMIT,
             )
-            index = _json_or_none(response.content)
+            index = _json_or_none(reply.body)
             if not isinstance(index, dict) or not isinstance(index.get("manifests"), list):
-                if response.status_code == 404:
+                if reply.status == 404 and page == 0:
                     return None  # distribution 2.x: no such route, a text/plain 404
-                msg = f"{what}: the registry answered something that is not an image index"
+                raise self.malformed(what, kind="referrers index", why="not an image index")
+            for item in index["manifests"]:
+                descriptor = self.descriptor(item, what, kind="referrers index")
+                # Registries need not apply the filter (OCI-Filters-Applied): do it here.
+                if artifact_type is None or descriptor.get("artifactType") == artifact_type:
+                    found.append(descriptor)
+            if len(found) > MAX_REFERRERS:
+                msg = (
+                    f"registry {self.host} lists more than {MAX_REFERRERS} {what}; envbuild "
+                    "reads no further: delete old artifacts, or the registry is broken"
+                )
                 raise RegistryError(msg)
-            found += [d for d in index["manifests"] if isinstance(d, dict)]
-            next_link = response.links.get("next", {}).get("url")
-            url = urljoin(response.url, next_link) if next_link else None
-            params = None  # the next link carries the query
-        if artifact_type:  # registries need not apply the filter (OCI-Filters-Applied)
-            found = [d for d in found if d.get("artifactType") == artifact_type]
-        return found
+            read.add(reply.url)
+            if reply.next_url is None:
+                return found
+            if not same_origin(reply.next_url, self.base_url):
+                msg = (
+                    f"registry {self.host} continues {what} at another origin "
+                    f"({origin_text(reply.next_url)}); envbuild follows pages only on the "
+                    "registry itself"
+                )
+                raise RegistryError(msg)
+            if reply.next_url in read:
+                msg = (
+                    f"registry {self.host}: the pages of {what} link back to a page already "
+                    "read; its pagination loops"
+                )
+                raise RegistryError(msg)
+            url, params = reply.next_url, None  # the next link carries the query
+        msg = (
+            f"registry {self.host} sent more than {MAX_PAGES} pages of {what}; envbuild reads "
+            "no further: its pagination loops, or delete old artifacts"
+        )
+        raise RegistryError(msg)
 
     # -- blobs ----------------------------------------------------------------
 
+    @_bounded
     def blob_exists(self, repository: str, digest: str) -> bool:
         """True when the repository already holds the blob."""
-        response = self._request(
+        reply = self._request(
             "HEAD",
             repository,
             f"blobs/{digest}",
-            what=self._name(repository, digest),
+            what=self.name(repository, digest),
             ok=(200, 404),
         )
-        return response.status_code == 200
+        return reply.status == 200
 
+    @_bounded
     def push_blob(self, repository: str, data: bytes, media_type: str) -> dict[str, Any]:
         """Upload `data` in one PUT unless the repository has it; returns its descriptor."""
         digest = _sha256(data)
@@ -580,41 +559,84 @@ class RegistryClient:
             ok=(202,),
         )
         location = started.headers.get("Location")
-        if not location:
-            msg = f"{what}: the registry started an upload without a Location header"
-            raise RegistryError(msg)
-        response = self._request(
+        target = urljoin(started.url, location) if location else ""
+        if origin(target) is None or is_downgrade(self.base_url, target):
+            raise self.malformed(
+                what, kind="upload location", why="not an http(s) URL on its origin"
+            )
+        reply = self._request(
             "PUT",
             repository,
             "",
-            url=urljoin(started.url, location),
+            url=target,
             what=what,
             headers={"Content-Type": "application/octet-stream"},
             params={"digest": digest},
             data=data,
             ok=(201, 204),
         )
-        stored = response.headers.get("Docker-Content-Digest")
+        stored = reply.headers.get("Docker-Content-Digest")
         if stored and stored != digest:
-            msg = f"{what}: the registry stored digest {stored} for a blob whose digest is {digest}"
+            msg = (
+                f"{what}: the registry stored digest {printable(stored, 100)} for a blob whose "
+                f"digest is {digest}"
+            )
             raise DigestMismatch(msg)
         return descriptor
 
-    def get_blob(self, repository: str, digest: str) -> bytes:
-        """The blob's bytes, checked against its digest."""
-        what = self._name(repository, digest)
-        data = self._request("GET", repository, f"blobs/{digest}", what=what).content
+    @_bounded
+    def get_blob(self, repository: str, digest: str, *, limit: int = BLOB_LIMIT) -> bytes:
+        """The blob's bytes (at most `limit` of them), checked against its digest."""
+        what = self.name(repository, digest)
+        data = self._request("GET", repository, f"blobs/{digest}", what=what, limit=limit).body
         _verify(data, digest, what)
         return data
 
+    # -- what the registry answered ---------------------------------------------
+
+    def malformed(self, what: str, *, kind: str, why: str) -> RegistryMalformed:
+        """The one-line error for an answer that does not have the shape the API gives it."""
+        msg = (
+            f"registry {self.host} returned a malformed {kind} for {what} ({why}); "
+            "it is not a conforming OCI registry, or the content is damaged"
+        )
+        return RegistryMalformed(msg)
+
+    def descriptor(self, item: object, what: str, *, kind: str) -> dict[str, Any]:
+        """A descriptor whose fields envbuild reads have the types the spec gives them."""
+        if not isinstance(item, dict):
+            raise self.malformed(what, kind=kind, why="a descriptor is not a JSON object")
+        if not isinstance(item.get("digest"), str) or not _is_digest(item["digest"]):
+            raise self.malformed(what, kind=kind, why="a descriptor's digest is not a digest")
+        for key in ("mediaType", "artifactType"):
+            if key in item and not isinstance(item[key], str):
+                raise self.malformed(what, kind=kind, why=f"a descriptor's {key} is not a string")
+        size = item.get("size", 0)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise self.malformed(what, kind=kind, why="a descriptor's size is not a byte count")
+        annotations = item.get("annotations", {})
+        if not isinstance(annotations, dict) or not all(
+            isinstance(v, str) for v in annotations.values()
+        ):
+            raise self.malformed(what, kind=kind, why="a descriptor's annotations are not strings")
+        return item
+
+    def _check_digest_header(self, digest: str, what: str) -> None:
+        if not _is_digest(digest):
+            raise self.malformed(what, kind="Docker-Content-Digest header", why="not a digest")
+
     # -- HTTP -----------------------------------------------------------------
 
-    def _name(self, repository: str, reference: str) -> str:
+    def name(self, repository: str, reference: str) -> str:
+        """host/repository:tag or host/repository@digest, as messages show it."""
         sep = "@" if _is_digest(reference) else ":"
         return f"{self.host}/{repository}{sep}{reference}"
 
     def _url(self, repository: str, path: str) -> str:
         return f"{self.base_url}/v2/{repository}/{path}"
+
+    def _deadline(self) -> Deadline:
+        return self._operation or Deadline(self.deadline)
 
     def _request(
         self,
@@ -628,109 +650,142 @@ class RegistryClient:
         params: Mapping[str, str] | None = None,
         data: bytes | None = None,
         ok: Collection[int] = (200,),
-    ) -> requests.Response:
-        """Send with auth (one challenge answered per request) and retries; raise on failure."""
+        limit: int = SMALL_LIMIT,
+    ) -> Reply:
+        """Send with auth (one challenge answered per request), retries and redirects; read at
+        most `limit` bytes of an answer in `ok`; raise on anything else."""
         target = url or self._url(repository, path)
         authenticated_now = False
         while True:
-            all_headers = {
-                "User-Agent": _USER_AGENT,
-                **(headers or {}),
-                **self._auth_header(repository),
-            }
-            response = self._send(method, target, all_headers, params, data, what)
+            response = self._exchange(
+                method,
+                target,
+                what=what,
+                headers=headers,
+                params=params,
+                data=data,
+                authorization=self._authorization(repository),
+                credentials_origin=self.base_url,
+            )
             status = response.status_code
             if status in ok:
-                return response
-            if status == 401 and not authenticated_now:
-                self._authenticate(response, repository, what)
+                return self._read(response, what, limit)
+            # Only the registry's own challenge is answered: never one from a redirect target.
+            if status == 401 and not authenticated_now and same_origin(response.url, self.base_url):
+                challenge = response.headers.get("WWW-Authenticate", "")
+                self._read(response, what, SMALL_LIMIT, truncate=True)  # keeps the connection
+                self._authenticate(challenge, repository, what)
                 authenticated_now = True
                 continue
-            raise self._error(response, method, repository, what)
+            error = self._read(response, what, SMALL_LIMIT, truncate=True)
+            raise self._error(error, method, repository, what)
 
-    def _send(
+    def _exchange(
         self,
         method: str,
         url: str,
-        headers: Mapping[str, str],
-        params: Mapping[str, str] | None,
-        data: bytes | None,
+        *,
         what: str,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        authorization: str | None = None,
+        credentials_origin: str | None = None,
     ) -> requests.Response:
-        """One request with retries on connection errors, 429 and 5xx."""
-        attempt = 0
-        while True:
-            attempt += 1
-            last = attempt >= self.tries
-            try:
-                response = self.session.request(
-                    method,
-                    url,
-                    headers=dict(headers),
-                    params=params,
-                    data=data,
-                    timeout=self.timeout,
-                )
-            except requests.exceptions.SSLError as exc:
-                msg = (
-                    f"cannot reach registry {self.host} for {what}: TLS verification failed "
-                    f"({_cause(exc)}); set REQUESTS_CA_BUNDLE to the CA bundle that signs it"
-                )
-                raise RegistryUnreachable(msg) from None
-            except requests.RequestException as exc:
-                if last:
-                    msg = (
-                        f"cannot reach registry {self.host} for {what} after {self.tries} tries "
-                        f"({_cause(exc)}); check that it runs and that the host:port is right"
-                    )
-                    raise RegistryUnreachable(msg) from None
-                log.warning("%s %s failed (%s); retrying", method, _no_query(url), _cause(exc))
-                self._pause(attempt, None)
-                continue
-            status = response.status_code
-            if status == 429 or status >= 500:
-                if last:
-                    msg = (
-                        f"registry {self.host} answered HTTP {status} to {what} {self.tries} "
-                        "times; it is failing or overloaded, try again later"
-                    )
-                    raise RegistryUnreachable(msg)
-                log.warning("%s %s answered HTTP %s; retrying", method, _no_query(url), status)
-                self._pause(attempt, response.headers.get("Retry-After"))
-                continue
-            log.debug("%s %s -> %s", method, _no_query(url), status)
-            return response
+        """Transport.exchange within the operation's deadline, its failures as one-line errors
+        naming the registry; the body is left unread (see `_read`)."""
+        deadline = self._deadline()
+        try:
+            return self.transport.exchange(
+                method,
+                url,
+                deadline=deadline,
+                headers={"User-Agent": _USER_AGENT, **(headers or {})},
+                params=params,
+                data=data,
+                authorization=authorization,
+                credentials_origin=credentials_origin,
+            )
+        except TlsFailed as exc:
+            msg = (
+                f"cannot reach registry {self.host} for {what}: TLS verification failed "
+                f"({exc.cause}); set REQUESTS_CA_BUNDLE to the CA bundle that signs it"
+            )
+        except Unreachable as exc:
+            msg = (
+                f"cannot reach registry {self.host} for {what} after {_tries(exc.tries)} "
+                f"({exc.cause}); check that it runs and that the host:port is right"
+            )
+        except Overloaded as exc:
+            msg = (
+                f"registry {self.host} answered HTTP {exc.status} to {what} "
+                f"({_tries(exc.tries)}); it is failing or overloaded, try again later"
+            )
+        except RedirectRefused as exc:
+            msg = f"registry {self.host} redirected {what} {exc.why}; envbuild does not follow it"
+            raise RegistryError(msg) from None
+        except DeadlineExceeded:
+            raise self._too_slow(what, deadline) from None
+        raise RegistryUnreachable(msg) from None
 
-    def _pause(self, attempt: int, retry_after: str | None) -> None:
-        delay = self.backoff * 2 ** (attempt - 1)
-        if retry_after is not None and retry_after.isdigit():
-            delay = max(delay, min(float(retry_after), 10.0))
-        if delay > 0:
-            time.sleep(delay)
+    def _read(
+        self, response: requests.Response, what: str, limit: int, *, truncate: bool = False
+    ) -> Reply:
+        """The response with its body read within `limit` and the operation's deadline."""
+        deadline = self._deadline()
+        try:
+            return read_reply(response, limit=limit, deadline=deadline, truncate=truncate)
+        except BodyTooLarge as exc:
+            msg = (
+                f"registry {self.host} sent more than {_size(exc.limit)} for {what}, the most "
+                "envbuild accepts there; the registry is broken or hostile"
+            )
+            raise RegistryError(msg) from None
+        except DeadlineExceeded:
+            raise self._too_slow(what, deadline) from None
+        except ReadFailed as exc:
+            if deadline.remaining() <= 0:
+                raise self._too_slow(what, deadline) from None
+            msg = f"registry {self.host} broke off sending {what} ({exc.cause}); try again later"
+            raise RegistryUnreachable(msg) from None
 
-    def _auth_header(self, repository: str) -> dict[str, str]:
+    def _too_slow(self, what: str, deadline: Deadline) -> RegistryUnreachable:
+        msg = (
+            f"registry {self.host} did not complete {what} within {deadline.seconds:g} s; it "
+            f"is not answering or too slow: try again later, or set {DEADLINE_ENV} to more seconds"
+        )
+        return RegistryUnreachable(msg)
+
+    def _authorization(self, repository: str) -> str | None:
         token = self._tokens.get(repository)
         if token:
-            return {"Authorization": f"Bearer {token}"}
+            return f"Bearer {token}"
         if self._basic and self._credentials is not None:
-            return {"Authorization": _basic_header(self._credentials)}
-        return {}
+            return _basic_header(self._credentials)
+        return None
 
-    def _authenticate(self, response: requests.Response, repository: str, what: str) -> None:
+    def _authenticate(self, header: str, repository: str, what: str) -> None:
         """Answer a 401's WWW-Authenticate challenge: Basic, or a Bearer token from the realm."""
-        challenge = _parse_challenge(response.headers.get("WWW-Authenticate", ""))
+        challenge = _parse_challenge(header)
         if challenge is None or challenge.scheme not in ("basic", "bearer"):
-            raise self._auth_error(response.status_code, what)
+            raise self._auth_error(401, what)
         if challenge.scheme == "basic":
             if self._credentials is None or self._credentials.identity_token:
-                raise self._auth_error(response.status_code, what)
+                raise self._auth_error(401, what)
             self._basic = True
             self._tokens.pop(repository, None)
             return
         realm = challenge.params.get("realm")
-        if not realm:
-            msg = f"registry {self.host} asked for a bearer token without naming a realm"
-            raise RegistryError(msg)
+        if not realm or origin(realm) is None:
+            why = f"its realm '{printable(realm or '', 80)}' is not an http(s) URL"
+            raise self.malformed(what, kind="bearer challenge", why=why)
+        if not safe_for_credentials(realm):
+            msg = (
+                f"registry {self.host} asks for a token from {origin_text(realm)}, which is "
+                "plain http off this machine; envbuild fetches tokens only over https (or from "
+                "loopback) so that no credentials travel in clear text: fix the registry's realm"
+            )
+            raise RegistryAuthError(msg)
         scope = challenge.params.get("scope") or (
             f"repository:{repository}:pull" if repository else ""
         )
@@ -738,7 +793,7 @@ class RegistryClient:
         self._tokens[repository] = self._fetch_token(realm, service, scope, what)
 
     def _fetch_token(self, realm: str, service: str | None, scope: str, for_what: str) -> str:
-        token_service = urlsplit(realm).netloc or realm
+        token_service = origin_text(realm)
         what = f"a token from {token_service} for {for_what}"
         credentials = self._credentials
         if credentials is not None and credentials.identity_token:
@@ -749,28 +804,39 @@ class RegistryClient:
                 **({"service": service} if service else {}),
                 **({"scope": scope} if scope else {}),
             }
-            body = urlencode(form).encode("ascii")
-            headers = {
-                "User-Agent": _USER_AGENT,
-                "Content-Type": "application/x-www-form-urlencoded",
-            }
-            response = self._send("POST", realm, headers, None, body, what)
-        else:
-            params = {k: v for k, v in (("service", service), ("scope", scope)) if v}
-            headers = {"Authorization": _basic_header(credentials)} if credentials else {}
-            response = self._send(
-                "GET", realm, {"User-Agent": _USER_AGENT, **headers}, params, None, what
+            response = self._exchange(
+                "POST",
+                realm,
+                what=what,
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                data=urlencode(form).encode("ascii"),  # a secret: never redirected elsewhere
             )
-        if response.status_code in (401, 403):
-            raise self._auth_error(response.status_code, for_what, token_service=token_service)
-        if response.status_code != 200:
-            msg = f"registry {self.host}: {what} failed with HTTP {response.status_code}"
+        else:
+            response = self._exchange(
+                "GET",
+                realm,
+                what=what,
+                params={k: v for k, v in (("service", service), ("scope", scope)) if v},
+                authorization=_basic_header(credentials) if credentials else None,
+                credentials_origin=realm,
+            )
+        status = response.status_code
+        if status != 200:
+            close_quietly(response)
+            if status in (401, 403):
+                raise self._auth_error(status, for_what, token_service=token_service)
+            msg = f"registry {self.host}: {what} failed with HTTP {status}"
             raise RegistryError(msg)
-        data = _json_or_none(response.content)
-        token = data.get("token") or data.get("access_token") if isinstance(data, dict) else None
+        data = _json_or_none(self._read(response, what, TOKEN_LIMIT).body)
+        if not isinstance(data, dict):
+            raise self.malformed(for_what, kind="token answer", why="not a JSON object")
+        token = data.get("token") or data.get("access_token")
         if not isinstance(token, str) or not token:
-            msg = f"registry {self.host}: {what} answered without a token"
-            raise RegistryError(msg)
+            raise self.malformed(for_what, kind="token answer", why="it holds no token")
+        if len(token) > _MAX_TOKEN_CHARS or not _TOKEN.fullmatch(token):
+            raise self.malformed(
+                for_what, kind="token answer", why="the token is not header-safe text"
+            )
         return token
 
     def _auth_error(
@@ -793,11 +859,15 @@ class RegistryClient:
             )
         return RegistryAuthError(msg)
 
-    def _error(
-        self, response: requests.Response, method: str, repository: str, what: str
-    ) -> RegistryError:
-        status = response.status_code
-        codes = _error_codes(response)
+    def _error(self, reply: Reply, method: str, repository: str, what: str) -> RegistryError:
+        status = reply.status
+        if not same_origin(reply.url, self.base_url):
+            msg = (
+                f"registry {self.host} redirected {what} to {origin_text(reply.url)}, which "
+                f"answered HTTP {status}"
+            )
+            return RegistryRejected(msg, status=status)
+        codes = _error_codes(reply.body)
         if status in (401, 403):
             return self._auth_error(status, what)
         if status == 404 or {"NAME_UNKNOWN", "MANIFEST_UNKNOWN", "BLOB_UNKNOWN"} & set(codes):
@@ -813,11 +883,11 @@ class RegistryClient:
             else:
                 msg = f"{what} was not found (HTTP 404); is {self.host} a registry (OCI v2 API)?"
             return RegistryNotFound(msg)
-        detail = "; ".join(f"{code}: {message}" for code, message in codes.items())
+        detail = printable("; ".join(f"{code}: {message}" for code, message in codes.items()), 300)
         msg = f"registry {self.host} refused {method} {what} with HTTP {status}" + (
-            f" ({detail[:300]})" if detail else ""
+            f" ({detail})" if detail else ""
         )
-        return RegistryRejected(" ".join(msg.split()), status=status)
+        return RegistryRejected(msg, status=status)
 
 
 def _basic_header(credentials: Credentials) -> str:
@@ -825,23 +895,23 @@ def _basic_header(credentials: Credentials) -> str:
     return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
-def _error_codes(response: requests.Response) -> dict[str, str]:
+def _error_codes(body: bytes) -> dict[str, str]:
     """OCI error codes and messages of an error body ({"errors": [{"code", "message"}]})."""
-    data = _json_or_none(response.content)
+    data = _json_or_none(body)
     errors = data.get("errors") if isinstance(data, dict) else None
     if not isinstance(errors, list):
         return {}
     return {
-        str(e.get("code")): " ".join(str(e.get("message", "")).split())
-        for e in errors
+        printable(e.get("code"), 60): printable(" ".join(str(e.get("message", "")).split()))
+        for e in errors[:20]
         if isinstance(e, dict)
     }
 
 
-def _json_or_none(body: bytes) -> Any:
+def _json_or_none(body: bytes | str) -> Any:
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the C stack
         return None
 
 
@@ -863,7 +933,10 @@ def _verify(data: bytes, digest: str, what: str) -> None:
     algorithm, _, expected = digest.partition(":")
     hasher = _HASHES.get(algorithm)
     if hasher is None:
-        msg = f"{what}: cannot verify a {algorithm} digest (envbuild checks sha256 and sha512)"
+        msg = (
+            f"{what}: cannot verify a {printable(algorithm, 40)} digest (envbuild checks sha256 "
+            "and sha512)"
+        )
         raise DigestMismatch(msg)
     actual = hasher(data).hexdigest()
     if actual != expected:
@@ -871,25 +944,12 @@ def _verify(data: bytes, digest: str, what: str) -> None:
         raise DigestMismatch(msg)
 
 
-def _no_query(url: str) -> str:
-    # Upload URLs carry state tokens in the query; keep logs short and free of them.
-    return url.split("?", 1)[0]
+def _tries(count: int) -> str:
+    return "1 try" if count == 1 else f"{count} tries"
 
 
-def _cause(exc: BaseException) -> str:
-    """The innermost OS-level reason ("Connection refused"), else the exception's class name.
-
-    Not str(exc): requests' messages carry whole URLs (upload state) and proxy addresses.
-    """
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.strerror:
-            return " ".join(str(current.strerror).split())[:200]
-        linked = (getattr(current, "reason", None), current.__cause__, current.__context__)
-        stack += [e for e in (*linked, *current.args) if isinstance(e, BaseException)]
-    return type(exc).__name__
+def _size(count: int) -> str:
+    for unit, scale in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if count >= scale:
+            return f"{count / scale:g} {unit}"
+    return f"{count} bytes"

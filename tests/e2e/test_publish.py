@@ -159,3 +159,45 @@ def test_a_registry_that_dies_mid_push_leaves_no_published_record(
     assert "Traceback" not in err
     records = ResultStore.default().publications(image_id(docker_client))
     assert not [r for r in records if server.host in r.reference]
+
+
+def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    image = image_id(docker_client)
+    before = len(ResultStore.default().publications(image))
+    with RegistryServer(tmp_path / "registry") as server:
+        reports = [tmp_path / "a.json", tmp_path / "b.json"]
+        command = [sys.executable, "-m", "envbuild", "publish", *SELECT, "--registry", f"{server.host}/both"]  # fmt: skip
+        processes = [
+            subprocess.Popen(
+                [*command, "--report", str(report)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for report in reports
+        ]
+        for process in processes:
+            _, err = process.communicate(timeout=600)
+            assert process.returncode == 0, err
+        evidence = {
+            p["digest"]
+            for report in reports
+            for p in json.loads(report.read_text())["published"]
+            if p["kind"] == "evidence"
+        }
+        immutable = next(
+            p for p in json.loads(reports[0].read_text())["published"] if p["kind"] == "immutable"
+        )
+        fallback = "sha256-" + immutable["digest"].split(":", 1)[1]
+        index = requests.get(
+            f"{server.url}/v2/both/torch/manifests/{fallback}",
+            headers={"Accept": "application/vnd.oci.image.index.v1+json"},
+            timeout=10,
+        ).json()
+        assert evidence <= {d["digest"] for d in index["manifests"]}  # neither write was lost
+        verified = envbuild("verify", f"{server.host}/both/torch:latest")
+        assert verified.returncode == 0, verified.stderr
+    records = ResultStore.default().publications(image)
+    assert len([r for r in records[before:] if "/both/" in r.reference]) >= 2 * 3
