@@ -23,11 +23,13 @@ from envbuild.models import (
     Entry,
     Knowledge,
 )
-from envbuild.redact import redact
+from envbuild.redact import redact, url_passwords
 from envbuild.render import render_entry, write_context
 from envbuild.store import ResultStore
 
 log = logging.getLogger(__name__)
+
+BUILDER_LABEL = "org.envbuild.stage=builder"  # set by the Dockerfile's builder stage
 
 
 def log_dir() -> Path:
@@ -94,6 +96,21 @@ def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> 
     return image
 
 
+def _drop_secret_cache(engine: Engine, context: BuildContext, since: float) -> None:
+    """Remove the builder stage's cached images whose history holds an index password.
+
+    The classic builder writes build arguments into the history of each RUN step; the final
+    image never has them (it copies /opt/venv only), but the builder stage's cache would keep
+    them on the host. Builds with credentials therefore do not reuse the builder-stage cache.
+    """
+    secrets = [p for value in context.build_args.values() for p in url_passwords(value)]
+    if secrets:
+        removed = engine.remove_images_holding(secrets, label=BUILDER_LABEL, since=since)
+        log.info(
+            "%s: removed %d cached builder images that held credentials", context.entry.id, removed
+        )
+
+
 def build_entry(
     engine: Engine,
     context: BuildContext,
@@ -144,6 +161,7 @@ def build_entry(
             log_file.write(line + "\n")
             on_line(line)
 
+        started = time.time()
         try:
             image_id = engine.build(
                 Path(tmp),
@@ -157,6 +175,8 @@ def build_entry(
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
+        finally:
+            _drop_secret_cache(engine, context, started)
     store.record_built(context.content_hash, entry.id, entry.image, image_id)
     return BuiltImage(
         entry=entry,

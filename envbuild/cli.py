@@ -656,6 +656,7 @@ def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
 
     store = ResultStore.default()  # an unusable record fails before minutes of work
     engine = Engine.connect()
+    engine.remove_leftovers()
     result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
     store.record_smoke(result)  # publish trusts only recorded results
     if as_json:

@@ -9,12 +9,14 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 import docker
 import docker.errors
 import requests
+import urllib3.exceptions
 from docker.types import DeviceRequest
 
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
@@ -161,8 +163,8 @@ class Engine:
         except docker.errors.APIError as exc:
             msg = f"the engine refused the build: {_short(exc)}"
             raise BuildFailed(msg) from exc
-        except requests.RequestException as exc:
-            msg = f"lost the Docker engine during the build: {_short(exc)}"
+        except _LOST as exc:
+            msg = f"lost the Docker engine during the build: {_short(exc)}; {_RESTART}"
             raise EngineUnavailable(msg) from exc
         if image_id is None:
             raise BuildFailed(_build_error("the engine reported no image id", last_lines))
@@ -206,9 +208,12 @@ class Engine:
                 aux = chunk.get("aux") or {}
                 if "Digest" in aux:
                     digest = str(aux["Digest"])
-        except (docker.errors.APIError, requests.RequestException) as exc:
+        except docker.errors.APIError as exc:
             msg = f"push of {ref} failed: {_short(exc)}"
             raise EnvbuildError(msg) from exc
+        except _LOST as exc:
+            msg = f"lost the Docker engine while pushing {ref}: {_short(exc)}; {_RESTART}"
+            raise EngineUnavailable(msg) from exc
         finally:
             image = self.image(image_id)
             if image is not None and any(t != ref for t in image.tags):  # never drop the last tag
@@ -283,6 +288,8 @@ class Engine:
                 status = container.wait(timeout=timeout)
                 exit_code: int | None = int(status.get("StatusCode", -1))
             except (requests.ReadTimeout, requests.ConnectionError):
+                # docker-py reports a wait that timed out as either; a dead engine answers no ping.
+                self._require_engine(f"the smoke test of {image}")
                 timed_out = True
                 exit_code = None
                 container.kill()
@@ -301,12 +308,75 @@ class Engine:
         except docker.errors.APIError as exc:
             msg = f"the engine could not run {image}: {_short(exc)}"
             raise EnvbuildError(msg) from exc
+        except _LOST as exc:
+            msg = f"lost the Docker engine while running {image}: {_short(exc)}; {_RESTART}"
+            raise EngineUnavailable(msg) from exc
         finally:
             if container is not None:
                 try:
                     container.remove(force=True)
-                except docker.errors.DockerException:
+                except _LOST_OR_REFUSED:
                     log.warning("could not remove container %s", container.id)
+
+    def _require_engine(self, doing: str) -> None:
+        try:
+            self._client.ping()
+        except _LOST_OR_REFUSED as exc:
+            msg = f"lost the Docker engine during {doing}: {_short(exc)}; {_RESTART}"
+            raise EngineUnavailable(msg) from exc
+
+    def remove_leftovers(self) -> int:
+        """Remove stopped containers that only a dead run leaves: envbuild's smoke containers and
+        the builder stage's, kept by an engine that died mid-build; return how many."""
+        removed = 0
+        for label in ("org.envbuild.role=smoke", "org.envbuild.stage=builder"):
+            for status in ("exited", "dead", "created"):
+                filters: dict[str, str | list[str] | bool] = {"label": label, "status": status}
+                for container in self._client.containers.list(all=True, filters=filters):
+                    if status == "created" and not _stale(container.attrs.get("Created")):
+                        continue  # another run may be about to start it
+                    try:
+                        container.remove(force=True)
+                        removed += 1
+                    except docker.errors.DockerException as exc:
+                        log.warning(
+                            "could not remove container %s: %s", container.short_id, _short(exc)
+                        )
+        if removed:
+            log.info("removed %d containers left by an earlier run that died", removed)
+        return removed
+
+    def remove_images_holding(self, secrets: list[str], *, label: str, since: float) -> int:
+        """Remove the images labelled `label`, made since `since` (epoch seconds), whose history
+        holds one of `secrets` (the classic builder writes build arguments into the history of
+        every RUN step); return how many."""
+        removed = 0
+        try:
+            images = self._client.images.list(all=True, filters={"label": label})
+            doomed = [
+                image
+                for image in images
+                if _created_at(image.attrs.get("Created")) >= since - 5
+                and any(secret in json.dumps(image.history()) for secret in secrets)
+            ]
+            for _ in range(len(doomed)):  # a parent goes only once its children are gone
+                left = []
+                for image in doomed:
+                    try:
+                        self._client.images.remove(str(image.id), force=True)
+                        removed += 1
+                    except docker.errors.ImageNotFound:
+                        removed += 1  # pruned with a child removed before it
+                    except docker.errors.APIError:
+                        left.append(image)
+                doomed = left
+                if not doomed:
+                    break
+            if doomed:
+                log.warning("could not remove %d cached images holding credentials", len(doomed))
+        except _LOST as exc:
+            log.warning("could not look for cached images holding credentials: %s", _short(exc))
+        return removed
 
     def remove_run_containers(self, run: str) -> int:
         """Force-remove every container a run made (after an interrupt); return how many."""
@@ -321,6 +391,31 @@ class Engine:
         except (docker.errors.DockerException, requests.RequestException) as exc:
             log.warning("could not remove the containers of run %s: %s", run, _short(exc))
         return removed
+
+
+# What a dead or restarting engine raises mid-request: docker-py streams read urllib3 directly.
+_LOST: tuple[type[BaseException], ...] = (
+    requests.RequestException,
+    urllib3.exceptions.HTTPError,
+    ConnectionError,
+)
+_LOST_OR_REFUSED: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_LOST)
+_RESTART = "check that dockerd runs (`docker info`), restart it, and run envbuild again"
+
+
+def _created_at(created: object) -> float:
+    """Epoch seconds of the engine's `Created` time stamp (0 when it cannot be read)."""
+    text = str(created or "").rstrip("Z").split(".")[0]
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _stale(created: object, *, after: float = 120.0) -> bool:
+    """True for a container created more than `after` seconds ago (from the engine's Created)."""
+    made = _created_at(created)
+    return made > 0 and time.time() - made > after
 
 
 def _info(image: Any) -> ImageInfo:

@@ -128,6 +128,7 @@ def run_entries(
     for url in (options.index_url, *options.extra_index_urls):
         register_url(url)  # before anything can print or log a build request
     engine = connect()
+    engine.remove_leftovers()  # of an earlier run whose engine or process died mid-way
     probes: dict[str, BaseProbe] = {}
     # Every entry is checked against its base before the first build starts.
     contexts = [prepare(engine, knowledge, entry, options, probes) for entry in entries]

@@ -54,20 +54,27 @@ def register_credentials(username: str, password: str) -> None:
         register(base64.b64encode(raw).decode("ascii"))
 
 
+def url_passwords(text: str | None) -> list[str]:
+    """The passwords in the user-info of the URLs in `text` (whitespace-separated, as pip takes
+    PIP_EXTRA_INDEX_URL), as written there."""
+    found = []
+    for url in (text or "").split():
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+        if password is None and "@" in url and "://" in url:
+            # Not a URL urlsplit understands; still never show what looks like user-info.
+            userinfo = url.split("://", 1)[1].rsplit("@", 1)[0]
+            password = userinfo.partition(":")[2] or None
+        if password:
+            found.append(password)
+    return found
+
+
 def register_url(url: str | None) -> None:
-    """Register the password in a URL's user-info (https://user:PASSWORD@host/...)."""
-    if not url:
-        return
-    try:
-        password = urlsplit(url.strip()).password
-    except ValueError:
-        password = None
-    if password is None and "@" in url and "://" in url:
-        # Not a URL urlsplit understands; still never show what looks like user-info.
-        userinfo = url.split("://", 1)[1].rsplit("@", 1)[0]
-        password = userinfo.partition(":")[2] or None
-    if password:
-        register(password)
+    """Register the passwords in URLs' user-info (https://user:PASSWORD@host/...)."""
+    register(*url_passwords(url))
 
 
 def forget_all() -> None:

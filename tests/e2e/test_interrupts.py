@@ -3,14 +3,8 @@ behind, and a rerun that recovers. Each test interrupts a real run of the CLI on
 
 from __future__ import annotations
 
-import os
 import signal
-import sqlite3
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,69 +12,13 @@ import docker
 import pytest
 
 from tests.docker_support import TORCH_CPU_IMAGE, envbuild, torch_cpu_args
+from tests.fault_support import finish, leftovers, rows, scratch, start, wait_for
 from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
 
 INTERRUPTED_REPOSITORY = "envbuild-test/interrupted-{framework}"
 INTERRUPTED_IMAGE = "envbuild-test/interrupted-torch:2.13.0-cpu-py3.11-bookworm"
-
-
-def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "envbuild", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **env},
-    )
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def finish(process: subprocess.Popen[str], sig: int) -> tuple[int, str]:
-    process.send_signal(sig)
-    try:
-        _, stderr = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail("the CLI did not exit within 60 s of the signal")
-    return process.returncode, stderr
-
-
-def leftovers(docker_client: docker.DockerClient, since: float) -> list[str]:
-    """Containers created since `since` (the engine removes a cancelled build's own)."""
-    found = []
-    for container in docker_client.containers.list(all=True):
-        created = str(container.attrs.get("Created", ""))
-        if created and _epoch(created) >= since - 2:
-            found.append(f"{container.short_id} {container.name} {container.status}")
-    return found
-
-
-def _epoch(text: str) -> float:
-    from datetime import UTC, datetime
-
-    return datetime.fromisoformat(text.rstrip("Z").split(".")[0]).replace(tzinfo=UTC).timestamp()
-
-
-def scratch(pid: int) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"envbuild-{pid}-*"))
-
-
-def rows(data_dir: Path, table: str) -> int:
-    path = data_dir / "results.sqlite3"
-    if not path.exists():
-        return 0
-    with sqlite3.connect(path) as db:
-        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
 def test_sigterm_mid_build_leaves_nothing_and_the_rerun_builds(

@@ -81,6 +81,16 @@ def test_no_helper_file_or_credential_reaches_the_image(
     assert listing.strip() == ""
 
 
+def test_no_cached_builder_image_holds_the_index_password(
+    docker_client: docker.DockerClient, first_build: object
+) -> None:
+    # The classic builder writes build arguments into each RUN step's history; the builder
+    # stage's cache of a build whose index URL holds a password is dropped after the build.
+    builder = docker_client.images.list(all=True, filters={"label": "org.envbuild.stage=builder"})
+    holding = [i.id for i in builder if SECRET in json.dumps(i.history())]
+    assert holding == []
+
+
 def test_the_same_build_again_builds_nothing(
     first_build: tuple[Any, dict[str, Any], list[str]], tmp_path: Path
 ) -> None:

@@ -1,0 +1,104 @@
+"""The Docker engine killed mid-build and mid-smoke: one line with the reason, no tag, no record,
+no leftover container once the rerun has cleaned up, and a rerun that succeeds.
+
+These tests SIGKILL the real dockerd and start it again, as scripts/host-setup.sh does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from tests.docker_support import TORCH_CPU_IMAGE, envbuild, torch_cpu_args
+from tests.fault_support import kill_engine, restart_engine, rows, scratch, start, wait_for
+
+pytestmark = pytest.mark.e2e
+
+REPOSITORY = "envbuild-test/engine-killed-{framework}"
+IMAGE = "envbuild-test/engine-killed-torch:2.13.0-cpu-py3.11-bookworm"
+
+
+@pytest.fixture
+def engine_back(docker_client: docker.DockerClient) -> Iterator[None]:
+    """Whatever happens in the test, the engine runs again afterwards."""
+    yield
+    try:
+        docker_client.ping()
+    except Exception:
+        restart_engine(docker_client)
+
+
+def exited(docker_client: docker.DockerClient, label: str) -> list[str]:
+    found = docker_client.containers.list(all=True, filters={"label": label})
+    return [f"{c.short_id} {c.status}" for c in found if c.status != "running"]
+
+
+def no_traceback(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_engine_killed_mid_build(
+    docker_client: docker.DockerClient,
+    engine_back: None,
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path: Path,
+) -> None:
+    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, tmp_path / "r.json")
+    args[args.index("--repository") + 1] = REPOSITORY
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    log = tmp_path / "cache" / "envbuild" / "logs" / "torch2.13.0-cpu-py3.11-bookworm.log"
+    process = start([*args, "--no-cache", "--no-smoke"], env)
+    def installing() -> bool:
+        text = log.read_text() if log.exists() else ""
+        return "Running in" in text[text.find("pip install") :] if "pip install" in text else False
+
+    wait_for(installing, "the install step's container")
+    time.sleep(3)  # "Running in" is printed between creating the container and starting it
+    kill_engine()
+    _, stderr = process.communicate(timeout=120)
+    restart_engine(docker_client)
+
+    assert process.returncode in (1, 3), stderr[-3000:]
+    no_traceback(stderr)
+    assert "lost the Docker engine" in stderr
+    assert scratch(process.pid) == []
+    assert rows(tmp_path / "data", "built") == 0
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(IMAGE)
+
+    rerun = envbuild(*args, "--no-smoke", env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rows(tmp_path / "data", "built") == 1
+    assert exited(docker_client, "org.envbuild.stage=builder") == []  # the dead build's, removed
+    docker_client.images.remove(IMAGE, force=True)
+
+
+def test_engine_killed_mid_smoke(
+    docker_client: docker.DockerClient, engine_back: None, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    env = {"ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    process = start(["smoke", TORCH_CPU_IMAGE], env)
+
+    def smoke_running() -> bool:
+        return bool(docker_client.containers.list(filters={"label": "org.envbuild.role=smoke"}))
+
+    wait_for(smoke_running, "the smoke container", 120)
+    kill_engine()
+    _, stderr = process.communicate(timeout=120)
+    restart_engine(docker_client)
+
+    assert process.returncode in (1, 3), stderr[-3000:]
+    no_traceback(stderr)
+    assert "lost the Docker engine" in stderr
+    assert rows(tmp_path / "data", "smoke") == 0
+
+    rerun = envbuild("smoke", TORCH_CPU_IMAGE, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rows(tmp_path / "data", "smoke") == 1
+    assert exited(docker_client, "org.envbuild.role=smoke") == []

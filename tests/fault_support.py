@@ -1,0 +1,136 @@
+"""Helpers of the fault-injection tests: run the CLI in the background, interrupt it or kill
+its engine, and look for what it left behind (containers, temporary folders, records)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import docker
+import pytest
+
+DOCKERD_LOG = Path("/var/log/envbuild-dockerd.log")
+DOCKERD_PID = Path("/var/run/docker.pid")
+
+
+def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "envbuild", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def finish(process: subprocess.Popen[str], sig: int) -> tuple[int, str]:
+    process.send_signal(sig)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the CLI did not exit within 60 s of the signal")
+    return process.returncode, stderr
+
+
+def leftovers(docker_client: docker.DockerClient, since: float) -> list[str]:
+    """Containers created since `since` (the engine removes a cancelled build's own)."""
+    found = []
+    for container in docker_client.containers.list(all=True):
+        created = str(container.attrs.get("Created", ""))
+        if created and _epoch(created) >= since - 2:
+            found.append(f"{container.short_id} {container.name} {container.status}")
+    return found
+
+
+def _epoch(text: str) -> float:
+    return datetime.fromisoformat(text.rstrip("Z").split(".")[0]).replace(tzinfo=UTC).timestamp()
+
+
+def scratch(pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"envbuild-{pid}-*"))
+
+
+def rows(data_dir: Path, table: str) -> int:
+    path = data_dir / "results.sqlite3"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(path) as db:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def kill_engine() -> None:
+    """SIGKILL the Docker engine and the containerd it manages, as a crash of the host's engine
+    would; the containers' shims live on, as they do after a real crash."""
+    if not DOCKERD_PID.is_file():
+        pytest.fail(f"no {DOCKERD_PID}: these tests kill and restart dockerd, run them as root")
+    pid = int(DOCKERD_PID.read_text().strip())
+    doomed = [pid, *_children(pid, "containerd")]
+    for victim in doomed:
+        os.kill(victim, 9)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not any(_alive(victim) for victim in doomed):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"dockerd (pid {pid}) or its containerd did not die")
+
+
+def _children(parent: int, name: str) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        command = text[text.find("(") + 1 : text.rfind(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        if command == name and int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    # A killed dockerd that this test process started stays a zombie until reaped.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def restart_engine(client: docker.DockerClient) -> None:
+    """Start dockerd again the way scripts/host-setup.sh does, and wait until it answers."""
+    for _ in range(3):  # a first start may time out on the dead containerd's leftovers
+        DOCKERD_PID.unlink(missing_ok=True)
+        with DOCKERD_LOG.open("ab") as log:
+            daemon = subprocess.Popen(  # the engine outlives this call on purpose
+                ["dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and daemon.poll() is None:
+            try:
+                client.ping()
+                return
+            except Exception:
+                time.sleep(1)
+        daemon.kill()
+        daemon.wait()
+    pytest.fail(f"dockerd did not come back after 3 starts; see {DOCKERD_LOG}")
