@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from envbuild.knowledge import cuda_tag, version_sort_key
 from envbuild.models import (
@@ -93,14 +94,7 @@ def variant_is_published(knowledge: Knowledge, combo: Combination) -> Fact:
     assert release is not None  # release_is_known ran first
     variant = release.variant(combo.cuda)
     if variant is None:
-        return Fact(
-            holds=False,
-            text=(
-                f"{combo.framework} {combo.framework_version} publishes no {_what(combo.cuda)} "
-                f"wheels; it ships {_shipped(release)}"
-            ),
-            source=_source(knowledge, release.source),
-        )
+        return _missing_variant(knowledge, combo, release)
     where = "PyPI's plain wheel" if variant.cuda == release.pypi_variant else "a published variant"
     bundled = ", ".join(
         f"{name} {value}"
@@ -120,11 +114,54 @@ def variant_is_published(knowledge: Knowledge, combo: Combination) -> Fact:
     )
 
 
+def _missing_variant(knowledge: Knowledge, combo: Combination, release: Release) -> Fact:
+    """Why there is no variant: absent from a verified list, or simply not known."""
+    name = f"{combo.framework} {combo.framework_version}"
+    if release.variants_verified is not None and combo.cuda not in release.unverified_variants:
+        return Fact(
+            holds=False,
+            text=f"{name} publishes no {_what(combo.cuda)} wheels; it ships {_shipped(release)}",
+            source=_source(knowledge, release.variants_verified),
+        )
+    # Only what is known may be said: the variant may exist where nobody has looked.
+    framework = knowledge.frameworks[combo.framework]
+    index = framework.indexes.get(combo.cuda)
+    where = f"{urlsplit(index).hostname} " if index else ""
+    return Fact(
+        holds=False,
+        text=(
+            f"{name} has no known {_what(combo.cuda)} wheels: its {where}variants are not "
+            f"verified (known: {_shipped(release)})"
+        ),
+        source=_source(knowledge, release.source),
+    )
+
+
 def python_is_supported(knowledge: Knowledge, combo: Combination) -> Fact:
-    """The release must publish wheels for the requested Python."""
+    """The release, and the variant's own dependencies, must have wheels for the Python."""
     release = _release(knowledge, combo)
     assert release is not None
     source = _source(knowledge, release.source)
+    variant = release.variant(combo.cuda)
+    if combo.python in release.python and variant is not None and variant.python is not None:
+        what = f"{combo.framework} {release.version} {_what(combo.cuda)}"
+        variant_source = _source(knowledge, variant.python_source or release.source)
+        if combo.python not in variant.python:
+            where = (
+                f"only on Python {_span(variant.python)}, not {combo.python}"
+                if variant.python
+                else "on no Python"
+            )
+            return Fact(
+                holds=False,
+                text=f"{what} installs {where}: {variant.python_note}",
+                source=variant_source,
+            )
+        return Fact(
+            holds=True,
+            text=f"{what} installs on Python {_span(variant.python)}: {variant.python_note}",
+            source=variant_source,
+        )
     if combo.python in release.python:
         return Fact(
             holds=True,
@@ -239,6 +276,58 @@ def _sm(cc: str) -> str:
     return "sm_" + cc.replace(".", "")
 
 
+# NVIDIA: a cubin (SASS) runs on GPUs of its major with the same or a higher minor only;
+# PTX is JIT-compiled by the driver for its own or any newer compute capability.
+SASS_RULE_SOURCE = "gpus:cubin-compat"
+
+
+def _kernels_for(
+    knowledge: Knowledge, row: ArchBuild, gpu: Gpu, *, build: str, label: str, source: str
+) -> Fact:
+    """Whether an arch list has SASS a GPU can run, or PTX it can JIT-compile, and why."""
+    cc = _cc(gpu.cc)
+    targets = sorted(_cc(s) for s in row.sm)
+    shipped = ", ".join(_sm(s) for s in row.sm) + (" + PTX" if row.ptx else "")
+    newest = f"{targets[-1][0]}.{targets[-1][1]}"
+    sass = [t for t in targets if t[0] == cc[0] and t[1] <= cc[1]]
+    rule = _source(knowledge, SASS_RULE_SOURCE)
+    if cc in targets:
+        return Fact(holds=True, text=f"{build} ship {shipped}: they run on {label}", source=source)
+    if sass:
+        older = f"{sass[-1][0]}.{sass[-1][1]}"
+        return Fact(
+            holds=True,
+            text=(
+                f"{build} ship {shipped}: they run on {label}; there are no {_sm(gpu.cc)} "
+                f"kernels, but the {_sm(older)} SASS runs on compute capability {cc[0]}.x "
+                f"from {older} up"
+            ),
+            source=f"{source}; {rule}",
+        )
+    if row.ptx and cc >= targets[-1]:
+        return Fact(
+            holds=True,
+            text=(
+                f"{build} ship {shipped}: they run on {label}; there are no {_sm(gpu.cc)} "
+                f"kernels, and the driver JIT-compiles the {_sm(newest)} PTX for it"
+            ),
+            source=f"{source}; {rule}",
+        )
+    jit = (
+        f"their PTX ({_sm(newest)}) cannot be JIT-compiled for an older GPU"
+        if row.ptx
+        else "they carry no PTX to JIT-compile"
+    )
+    return Fact(
+        holds=False,
+        text=(
+            f"{build} have no kernels for {label}; they ship {shipped}: no SASS of compute "
+            f"capability {cc[0]}.x at or below {gpu.cc}, and {jit}"
+        ),
+        source=f"{source}; {rule}",
+    )
+
+
 def gpu_runs(knowledge: Knowledge, combo: Combination, gpu: Gpu) -> Fact:
     """Whether the build has kernels (SASS of the same major, or PTX) for the GPU's architecture."""
     label = gpu.name if gpu.name == _sm(gpu.cc) else f"{gpu.name} ({_sm(gpu.cc)})"
@@ -254,19 +343,7 @@ def gpu_runs(knowledge: Knowledge, combo: Combination, gpu: Gpu) -> Fact:
     if row is not None:
         source = _source(knowledge, row.source)
         if row.sm:
-            targets = sorted(_cc(s) for s in row.sm)
-            sass = any(t[0] == cc[0] and t[1] <= cc[1] for t in targets)
-            ptx = row.ptx and cc >= targets[-1]
-            shipped = ", ".join(_sm(s) for s in row.sm) + (" + PTX" if row.ptx else "")
-            if sass or ptx:
-                return Fact(
-                    holds=True, text=f"{build} ship {shipped}: they run on {label}", source=source
-                )
-            return Fact(
-                holds=False,
-                text=f"{build} have no kernels for {label}; they ship {shipped}",
-                source=source,
-            )
+            return _kernels_for(knowledge, row, gpu, build=build, label=label, source=source)
         if row.min_cc is not None:
             holds = cc >= _cc(row.min_cc)
             verb = "run on" if holds else "need"

@@ -194,18 +194,18 @@ class _Checker:
             return None
         return value
 
-    def source(self, where: str, item: dict[str, Any]) -> str:
+    def source(self, where: str, item: dict[str, Any], field: str = "source") -> str:
         """Check the item's source key; return its id, qualified by the file ("torch:pypi")."""
-        key = item.get("source")
+        key = item.get(field)
         known = sorted(self.sources)
         if key is None:
-            self.fail(where, f"source: missing; name one of sources: {_shorten(known)}")
+            self.fail(where, f"{field}: missing; name one of sources: {_shorten(known)}")
         elif not isinstance(key, str):
-            self.fail(f"{where}.source", f"expected a string, got {yaml_kind(key)}")
+            self.fail(f"{where}.{field}", f"expected a string, got {yaml_kind(key)}")
         elif key not in self.sources:
             self.fail(
                 where,
-                f"source {shown(key)} is not one of sources: {_shorten(known)}"
+                f"{field} {shown(key)} is not one of sources: {_shorten(known)}"
                 + _suggest(key, known),
             )
         return f"{self.path.stem}:{key}"
@@ -243,13 +243,15 @@ def _read(path: Path) -> dict[Any, Any]:
     return data
 
 
-FRAMEWORK_KEYS = ("framework", "package", "sources", "indexes", "releases")
+FRAMEWORK_KEYS = ("framework", "package", "sources", "indexes", "variants_verified", "releases")
 RELEASE_KEYS = (
     "released",
     "requires_python",
     "python",
     "pypi_variant",
     "source",
+    "variants_verified",
+    "unverified_variants",
     "variants",
     "tested",
 )
@@ -262,8 +264,13 @@ VARIANT_KEYS = (
     "nccl_min",
     "cuda_runtime",
     "cuda_runtime_min",
+    "python",
+    "python_note",
+    "python_source",
     "source",
 )
+# Variant keys that are not plain strings: checked on their own.
+_VARIANT_SPECIAL = ("source", "requirement", "python", "python_note", "python_source")
 TESTED_KEYS = ("cuda", "cudnn", "python", "source")
 _CUDA_VARIANT_HINT = "'cpu' or a CUDA version such as '12.1' or '12'"
 
@@ -283,6 +290,7 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
             indexes[key] = url
         else:
             check.fail(f"indexes.{key}", f"expected a URL string, got {yaml_kind(url)}")
+    verified_default = _variants_verified(check, "", data)
     releases: list[Release] = []
     raw_releases = check.table("", data, "releases")
     for version, raw in raw_releases.items():
@@ -293,7 +301,21 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
         item = check.mapping(where, raw, RELEASE_KEYS)
         if not item:
             continue
-        variants = _load_variants(check, where, item, indexes)
+        python = check.texts(
+            where,
+            item,
+            "python",
+            required=True,
+            pattern=_PYTHON,
+            hint="a Python version such as '3.11'",
+        )
+        variants = _load_variants(check, where, item, indexes, python)
+        verified = (
+            _variants_verified(check, where, item)
+            if "variants_verified" in item
+            else verified_default
+        )
+        unverified = _unverified_variants(check, where, item, variants, verified)
         if "tested" in item:
             tested = check.mapping(f"{where}.tested", item["tested"], TESTED_KEYS)
             for key in ("cuda", "cudnn", "python"):
@@ -309,17 +331,12 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
                 version=version,
                 released=check.text(where, item, "released"),
                 requires_python=check.text(where, item, "requires_python"),
-                python=check.texts(
-                    where,
-                    item,
-                    "python",
-                    required=True,
-                    pattern=_PYTHON,
-                    hint="a Python version such as '3.11'",
-                ),
+                python=python,
                 pypi_variant=pypi_variant,
                 variants=variants,
                 source=check.source(where, item),
+                variants_verified=verified,
+                unverified_variants=unverified,
             )
         )
     if "releases" in data and not raw_releases and not check.problems:
@@ -344,8 +361,74 @@ def _load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
     return framework, check.problems
 
 
+def _variants_verified(check: _Checker, where: str, item: dict[str, Any]) -> str | None:
+    """`variants_verified`: a source id vouching the variant list is complete, or false."""
+    value = item.get("variants_verified")
+    if value is None or value is False:
+        return None
+    if value is True:
+        place = f"{where}.variants_verified" if where else "variants_verified"
+        check.fail(place, "name the source that lists every published variant, or write false")
+        return None
+    return check.source(where, item, "variants_verified")
+
+
+def _unverified_variants(
+    check: _Checker,
+    where: str,
+    item: dict[str, Any],
+    variants: tuple[Variant, ...],
+    verified: str | None,
+) -> tuple[str, ...]:
+    """`unverified_variants`: CUDA versions whose publication a verified list leaves open."""
+    listed = check.texts(
+        where, item, "unverified_variants", pattern=_VARIANT_NAME, hint=_CUDA_VARIANT_HINT
+    )
+    place = f"{where}.unverified_variants"
+    if listed and verified is None:
+        check.fail(
+            place, "only with variants_verified (an unverified list leaves every variant open)"
+        )
+    known = {v.cuda for v in variants}
+    for cuda in listed:
+        if cuda in known:
+            check.fail(place, f"{shown(cuda)} is also listed under variants; keep one")
+    return listed
+
+
+def _variant_python(
+    check: _Checker, place: str, vitem: dict[str, Any], release_python: tuple[str, ...]
+) -> tuple[tuple[str, ...] | None, str | None, str | None]:
+    """A variant's own Python list, with the note and source that say why it is shorter."""
+    if "python" not in vitem:
+        for key in ("python_note", "python_source"):
+            if key in vitem:
+                check.fail(place, f"{key} is used only with python; add python, or drop {key}")
+        return None, None, None
+    python = check.texts(
+        place,
+        vitem,
+        "python",
+        required=True,
+        pattern=_PYTHON,
+        hint="a Python version such as '3.10'",
+    )
+    for version in python:
+        if release_python and version not in release_python:
+            check.fail(
+                f"{place}.python",
+                f"{version} is not one of the release's Pythons ({', '.join(release_python)})",
+            )
+    note = check.text(place, vitem, "python_note", required=True)
+    return python, note, check.source(place, vitem, "python_source")
+
+
 def _load_variants(
-    check: _Checker, where: str, item: dict[str, Any], indexes: dict[str, str]
+    check: _Checker,
+    where: str,
+    item: dict[str, Any],
+    indexes: dict[str, str],
+    release_python: tuple[str, ...] = (),
 ) -> tuple[Variant, ...]:
     variants = []
     for cuda, raw in check.table(
@@ -356,8 +439,9 @@ def _load_variants(
         fields = {
             key: check.text(place, vitem, key)
             for key in VARIANT_KEYS
-            if key not in ("source", "requirement")
+            if key not in _VARIANT_SPECIAL
         }
+        python, python_note, python_source = _variant_python(check, place, vitem, release_python)
         requirement = check.template(place, vitem, "requirement", "{version}")
         index = fields["index"]
         if index is not None and index not in indexes:
@@ -378,6 +462,9 @@ def _load_variants(
                 index=index,
                 cudnn_min=fields["cudnn_min"],
                 nccl_min=fields["nccl_min"],
+                python=python,
+                python_note=python_note,
+                python_source=python_source,
             )
         )
     return tuple(variants)

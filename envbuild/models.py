@@ -23,6 +23,11 @@ class Variant:
     index: str | None = None  # key into the framework's indexes; None: PyPI
     cudnn_min: str | None = None  # floors, where the package pins a range
     nccl_min: str | None = None
+    # Pythons this variant installs on, where fewer than the release's (its dependencies lack
+    # wheels for the others); None: every Python of the release. The note says why.
+    python: tuple[str, ...] | None = None
+    python_note: str | None = None
+    python_source: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +42,11 @@ class Release:
     pypi_variant: str | None
     variants: tuple[Variant, ...]
     source: str
+    # Source id vouching that `variants` is the complete published set; None: not verified,
+    # so a missing variant is unknown rather than absent. Except these CUDA versions, whose
+    # publication is not verified either way.
+    variants_verified: str | None = None
+    unverified_variants: tuple[str, ...] = ()
 
     def variant(self, cuda: str) -> Variant | None:
         """The variant built for `cuda`, if the release published one."""

@@ -136,3 +136,69 @@ def test_jax_cuda_plugins_and_their_floors(knowledge: Knowledge) -> None:
     first = jax.releases[0]
     assert first.version == "0.4.26"
     assert first.variant("13") is None
+
+
+TF_214_CU118 = '"11.8": {requirement: "tensorflow[and-cuda]=={version}", cudnn: "8.7.0.84",'
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "problem"),
+    [
+        # a variant's own Pythons must be the release's, and say why and where from
+        ("tensorflow.yaml", 'python: ["3.9", "3.10"], python_note', 'python: ["3.9", "3.12"], python_note',
+         'variants.11.8.python: 3.12 is not one of the release\'s Pythons'),
+        ("tensorflow.yaml", ', python_source: tensorrt-8.5-python', '',
+         "releases.2.14.0.variants.11.8: python_source: missing"),
+        ("tensorflow.yaml", 'python: ["3.9", "3.10"], python_note: "its and-cuda extra pins tensorrt==8.5.3.1, which has no wheels for Python 3.11 or newer", ',
+         'python_note: "x", ', "python_note is used only with python"),
+        ("tensorflow.yaml", "python_source: tensorrt-8.5-python", "python_source: tensorrt",
+         "python_source 'tensorrt' is not one of sources"),
+        ("tensorflow.yaml", 'python: ["3.9", "3.10"], python_note', "python: 3.10, python_note",
+         "variants.11.8.python: expected a list"),
+        # the variant-list marker names a source, or is false
+        ("torch.yaml", "    variants_verified: test-infra\n", "    variants_verified: true\n",
+         "releases.2.0.0.variants_verified: name the source"),
+        ("torch.yaml", "    variants_verified: test-infra\n", "    variants_verified: nowhere\n",
+         "releases.2.0.0: variants_verified 'nowhere' is not one of sources"),
+        ("jax.yaml", "variants_verified: pypi ", "variants_verified: pypy ",
+         "jax.yaml: top level: variants_verified 'pypy' is not one of sources"),
+        # open variants only on a verified list, and never also listed
+        ("torch.yaml", '    variants_verified: test-infra\n    unverified_variants: ["12.9"]',
+         '    unverified_variants: ["12.9"]', "unverified_variants: only with variants_verified"),
+        ("torch.yaml", 'unverified_variants: ["12.9"]', 'unverified_variants: ["12.8"]',
+         "unverified_variants: '12.8' is also listed under variants"),
+        ("torch.yaml", 'unverified_variants: ["12.9"]', 'unverified_variants: ["twelve"]',
+         "unverified_variants[0]: 'twelve' is not 'cpu' or a CUDA version"),
+        ("torch.yaml", "    variants_verified: test-infra\n", "    variants_verifed: test-infra\n",
+         "unknown key; did you mean 'variants_verified'?"),
+    ],
+)  # fmt: skip
+def test_the_audit_keys_are_checked(
+    tmp_path: Path, name: str, old: str, new: str, problem: str
+) -> None:
+    for path in (REPO / "matrices" / "knowledge").glob("*.yaml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    target = tmp_path / name
+    text = target.read_text()
+    assert old in text, old
+    target.write_text(text.replace(old, new, 1))
+    with pytest.raises(MatrixError) as caught:
+        load_knowledge(tmp_path)
+    assert problem in caught.value.message
+
+
+def test_audit_facts_load_into_the_model(knowledge: Knowledge) -> None:
+    tf = knowledge.frameworks["tensorflow"].release("2.14.0")
+    assert tf is not None
+    variant = tf.variant("11.8")
+    assert variant is not None
+    assert variant.python == ("3.9", "3.10")
+    assert variant.python_source == "tensorflow:tensorrt-8.5-python"
+    assert tf.variants_verified == "tensorflow:pypi"
+    torch = knowledge.frameworks["torch"]
+    verified = {r.version: r.variants_verified for r in torch.releases}
+    assert verified["2.15.0"] is None
+    assert all(v == "torch:test-infra" for k, v in verified.items() if k != "2.15.0")
+    release = torch.release("2.12.1")
+    assert release is not None
+    assert release.unverified_variants == ("12.9",)
