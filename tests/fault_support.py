@@ -49,6 +49,16 @@ def finish(process: subprocess.Popen[str], sig: int) -> tuple[int, str]:
     return process.returncode, stderr
 
 
+def finish_quietly(process: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
+    """Wait for the CLI to end on its own; (exit code, stderr)."""
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"the CLI did not end within {timeout:.0f} s")
+    return process.returncode, stderr
+
+
 def leftovers(docker_client: docker.DockerClient, since: float) -> list[str]:
     """Containers created since `since` (the engine removes a cancelled build's own)."""
     found = []
