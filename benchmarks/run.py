@@ -108,7 +108,7 @@ def big_matrix(path: Path) -> int:
 def write_contexts(directory: Path, base_image: str, ca_bundle: Path, wheels: Path) -> list[Path]:
     """Render the CPU matrix's build contexts exactly as `envbuild build` does."""
     from envbuild.build import prepare
-    from envbuild.engine import Engine
+    from envbuild.engine import connect
     from envbuild.knowledge import load_knowledge
     from envbuild.matrix import load_matrix, make_plan
     from envbuild.models import BuildOptions, Selection
@@ -117,7 +117,7 @@ def write_contexts(directory: Path, base_image: str, ca_bundle: Path, wheels: Pa
     knowledge = load_knowledge()
     plan = make_plan(knowledge, load_matrix(CPU_MATRIX, knowledge), Selection())
     options = BuildOptions(base_image=base_image, ca_bundle=ca_bundle, wheelhouse=wheels)
-    engine = Engine.connect()
+    engine = connect()
     return [
         write_context(prepare(engine, knowledge, entry, options), directory / entry.id)
         / "Dockerfile"

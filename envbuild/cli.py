@@ -508,11 +508,11 @@ def build(
 
 
 def _publish_entries(entries: list[Any], registry: str, *, report_file: Path | None) -> None:
-    from envbuild.engine import Engine
+    from envbuild.engine import connect
     from envbuild.publish import candidate, moving_tags
     from envbuild.store import ResultStore
 
-    engine = Engine.connect()
+    engine = connect()
     store = ResultStore.default()
     tags = moving_tags(entries)
     items = [candidate(engine, store, e.image, moving=tags[e.id]) for e in entries]
@@ -564,7 +564,7 @@ def publish(
     (tag-<content hash>) is pushed and verified first; the smoke report and package list are
     attached to its digest; then the moving tags (torch2.13-cpu-py3.11, latest) follow.
     """
-    from envbuild.engine import Engine
+    from envbuild.engine import connect
     from envbuild.errors import BadInput
     from envbuild.publish import candidate
     from envbuild.store import ResultStore
@@ -577,13 +577,13 @@ def publish(
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
     if images:
-        engine = Engine.connect()
+        engine = connect()
         store = ResultStore.default()
         items = [candidate(engine, store, ref) for ref in images]
         _publish_items(engine, store, items, registry, report_file)
         return
     _, _, result = _plan(kwargs)
-    engine = Engine.connect()
+    engine = connect()
     built = [e for e in result.entries if engine.image(e.image) is not None]
     if not built:
         msg = (
@@ -649,13 +649,13 @@ def verify(reference: str, as_json: bool) -> None:
 @reports_errors
 def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
     """Prove IMAGE trains and all-reduces: run the smoke payload inside it."""
-    from envbuild.engine import Engine
+    from envbuild.engine import connect
     from envbuild.report import smoke_lines
     from envbuild.smoke import smoke_image
     from envbuild.store import ResultStore
 
     store = ResultStore.default()  # an unusable record fails before minutes of work
-    engine = Engine.connect()
+    engine = connect()
     engine.remove_leftovers()
     result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
     store.record_smoke(result)  # publish trusts only recorded results
@@ -761,9 +761,9 @@ def base_bootstrap(
 ) -> None:
     """Make a minimal Debian base image with debootstrap and docker import."""
     from envbuild.base import bootstrap_base, default_tag
-    from envbuild.engine import Engine
+    from envbuild.engine import connect
 
-    engine = Engine.connect()
+    engine = connect()
     ref = tag or default_tag(suite)
     if force or engine.image(ref) is None:
         click.echo(f"bootstrapping {ref} from {mirror} (about 30 s)", err=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.compat import entry_id, find_gpu
-from envbuild.engine import Engine
+from envbuild.engine import connect
 from envbuild.errors import EngineUnavailable
 from envbuild.knowledge import version_sort_key
 from envbuild.matrix import Matrix, make_plan
@@ -225,7 +225,7 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
     engine_report: dict[str, Any]
     root = "/var/lib/docker"
     try:
-        info = Engine.connect().describe()
+        info = connect().describe()
     except EngineUnavailable as exc:
         engine_report = {"reachable": False, "error": exc.message}
     else:

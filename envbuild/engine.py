@@ -1,35 +1,18 @@
-"""The only module that talks to Docker: build, run, inspect, tag, import, remove."""
+"""The engine interface: what envbuild asks of a container engine, and how to connect to one.
+
+`Engine` is a Protocol. Its one real implementation, `envbuild.docker_engine.DockerEngine`, is
+the only module that imports docker; unit tests of the build, pipeline and publish logic use an
+in-memory engine instead, and the real-engine tests prove the implementation.
+"""
 
 from __future__ import annotations
 
-import io
-import json
-import logging
-import tarfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Protocol
 
-import docker
-import docker.errors
-import requests
-import urllib3.exceptions
-from docker.types import DeviceRequest
-
-from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
-from envbuild.interrupt import RUN_LABEL, run_id
 from envbuild.models import BaseProbe
-
-log = logging.getLogger(__name__)
-
-_PROBE_SCRIPT = (
-    '. /etc/os-release 2>/dev/null; echo "os=${ID:-unknown} ${VERSION_CODENAME:-unknown}"; '
-    "if command -v python3 >/dev/null 2>&1; then "
-    "python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])'; fi"
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,62 +45,24 @@ class RunResult:
     seconds: float
 
 
-class Engine:
-    """A connected Docker engine."""
-
-    def __init__(self, client: docker.DockerClient) -> None:
-        self._client = client
-
-    @classmethod
-    def connect(cls) -> Engine:
-        """Connect using DOCKER_HOST or the default socket; EngineUnavailable if it does not answer."""
-        try:
-            client = docker.from_env(timeout=600)
-            client.ping()
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            msg = (
-                "cannot reach the Docker engine (DOCKER_HOST or /var/run/docker.sock): "
-                f"{_short(exc)}; start dockerd (e.g. `sudo dockerd &`) or set DOCKER_HOST"
-            )
-            raise EngineUnavailable(msg) from exc
-        return cls(client)
+class Engine(Protocol):
+    """A connected container engine: build, run, inspect, tag, push, remove, probe."""
 
     def describe(self) -> EngineInfo:
         """Version, runtimes and storage of the engine, for `envbuild doctor`."""
-        info = self._client.info()
-        return EngineInfo(
-            version=str(self._client.version().get("Version", "unknown")),
-            runtimes=tuple(sorted(info.get("Runtimes") or {})),
-            cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
-            root_dir=str(info.get("DockerRootDir", "")),
-        )
+        ...
 
     def has_nvidia_runtime(self) -> bool:
-        """True when the engine has the NVIDIA container runtime to hand GPUs to containers."""
-        # Not CDISpecDirs: recent engines list /etc/cdi whether or not a GPU spec is in it.
-        runtimes = self._client.info().get("Runtimes") or {}
-        return "nvidia" in runtimes
-
-    # -- images -------------------------------------------------------------
+        """True when the engine can hand GPUs to containers."""
+        ...
 
     def image(self, ref: str) -> ImageInfo | None:
-        """The local image `ref` names, or None."""
-        try:
-            image = self._client.images.get(ref)
-        except docker.errors.ImageNotFound:
-            return None
-        except docker.errors.APIError as exc:
-            if exc.status_code in (400, 404):  # an invalid reference cannot exist locally
-                return None
-            raise
-        return _info(image)
+        """The local image `ref` (a tag or an id) names, or None."""
+        ...
 
     def tag(self, image_id: str, ref: str) -> None:
         """Point `ref` (repo:tag) at the image."""
-        repository, _, tag = ref.rpartition(":")
-        if not repository or "/" in tag:
-            repository, tag = ref, "latest"
-        self._client.images.get(image_id).tag(repository, tag)
+        ...
 
     def build(
         self,
@@ -131,57 +76,12 @@ class Engine:
         target: str | None = None,
         no_cache: bool = False,
     ) -> str:
-        """Build with the classic builder, streaming every output line; return the image id."""
-        image_id: str | None = None
-        last_lines: list[str] = []
-        try:
-            stream: Iterator[dict[str, Any]] = self._client.api.build(
-                path=str(context_dir),
-                tag=tag,
-                labels=labels,
-                buildargs=build_args,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                decode=True,
-                network_mode=None if network else "none",
-                target=target,
-                nocache=no_cache,
-            )
-            for chunk in stream:
-                if "stream" in chunk:
-                    for line in str(chunk["stream"]).splitlines():
-                        on_line(line)
-                        if line.strip():
-                            last_lines = [*last_lines[-19:], line]
-                elif "error" in chunk:
-                    message = str(chunk["error"]).strip()
-                    on_line(f"ERROR: {message}")
-                    raise BuildFailed(_build_error(message, last_lines))
-                elif "aux" in chunk and "ID" in chunk["aux"]:
-                    image_id = str(chunk["aux"]["ID"])
-        except docker.errors.APIError as exc:
-            msg = f"the engine refused the build: {_short(exc)}"
-            raise BuildFailed(msg) from exc
-        except _LOST as exc:
-            msg = f"lost the Docker engine during the build: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
-        if image_id is None:
-            raise BuildFailed(_build_error("the engine reported no image id", last_lines))
-        return image_id
+        """Build the context, streaming every output line; return the image id (BuildFailed)."""
+        ...
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
         """Import a root filesystem tarball as image `ref`; return its id."""
-        repository, _, tag = ref.rpartition(":")
-        result = self._client.api.import_image_from_stream(
-            tar_stream, repository=repository, tag=tag, changes=changes
-        )
-        text = result if isinstance(result, str) else json.dumps(result)
-        image = self.image(ref)
-        if image is None:
-            msg = f"docker import of {ref} produced no image: {text[-300:]}"
-            raise EnvbuildError(msg)
-        return image.id
+        ...
 
     def push(
         self,
@@ -191,68 +91,12 @@ class Engine:
         auth_config: dict[str, str] | None,
         on_line: Callable[[str], None],
     ) -> str:
-        """Tag the image as `ref` (repo:tag), push it, drop the local tag; return the pushed digest."""
-        repository, _, tag = ref.rpartition(":")
-        self.tag(image_id, ref)
-        digest: str | None = None
-        try:
-            stream = self._client.api.push(
-                repository, tag=tag, stream=True, decode=True, auth_config=auth_config
-            )
-            for chunk in stream:
-                if "error" in chunk:
-                    msg = f"push of {ref} failed: {str(chunk['error']).strip()}"
-                    raise EnvbuildError(msg)
-                if "status" in chunk and chunk.get("id") is None:
-                    on_line(str(chunk["status"]))
-                aux = chunk.get("aux") or {}
-                if "Digest" in aux:
-                    digest = str(aux["Digest"])
-        except docker.errors.APIError as exc:
-            msg = f"push of {ref} failed: {_short(exc)}"
-            raise EnvbuildError(msg) from exc
-        except _LOST as exc:
-            msg = f"lost the Docker engine while pushing {ref}: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
-        finally:
-            image = self.image(image_id)
-            if image is not None and any(t != ref for t in image.tags):  # never drop the last tag
-                try:
-                    self._client.images.remove(ref, noprune=True)
-                except docker.errors.DockerException:
-                    log.warning("could not remove the local tag %s", ref)
-        if digest is None:
-            msg = f"push of {ref} reported no digest"
-            raise EnvbuildError(msg)
-        return digest
-
-    # -- containers ---------------------------------------------------------
+        """Push the image as `ref` (host/repo:tag); return the digest the push reported."""
+        ...
 
     def probe_base(self, ref: str) -> BaseProbe:
-        """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
-        image = self.image(ref) or self._pull(ref)
-        result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
-        fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
-        os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
-        return BaseProbe(
-            ref=ref,
-            image_id=image.id,
-            os_id=os_id,
-            os_codename=codename,
-            python=fields.get("python"),
-        )
-
-    def _pull(self, ref: str) -> ImageInfo:
-        """Pull a missing base image; BadInput naming the way out when the registry says no."""
-        log.info("pulling %s", ref)
-        try:
-            return _info(self._client.images.pull(ref))
-        except (docker.errors.APIError, requests.RequestException) as exc:
-            msg = (
-                f"base image {ref} is not in the local engine and cannot be pulled ({_short(exc)}); "
-                "make one with `envbuild base bootstrap` and pass --base-image"
-            )
-            raise BadInput(msg) from exc
+        """Which OS a base image holds and which python3, if any."""
+        ...
 
     def run(
         self,
@@ -265,180 +109,25 @@ class Engine:
         shm_size: str = "1g",
         environment: dict[str, str] | None = None,
     ) -> RunResult:
-        """Run `command` in a fresh container, copying `files` in first; the container is always removed."""
-        start = time.monotonic()
-        container = None
-        try:
-            container = self._client.containers.create(
-                image,
-                command=command,
-                environment=environment or {},
-                shm_size=shm_size,
-                # NCCL pins memory; only GPU runs ask for it (some hosts forbid raising it).
-                ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if gpus else None,
-                device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
-                network_mode="none",
-                labels={"org.envbuild.role": "smoke", RUN_LABEL: run_id()},
-            )
-            for path, data in (files or {}).items():
-                container.put_archive("/", _tar_of(path, data))
-            container.start()
-            timed_out = False
-            try:
-                status = container.wait(timeout=timeout)
-                exit_code: int | None = int(status.get("StatusCode", -1))
-            except (requests.ReadTimeout, requests.ConnectionError):
-                # docker-py reports a wait that timed out as either; a dead engine answers no ping.
-                self._require_engine(f"the smoke test of {image}")
-                timed_out = True
-                exit_code = None
-                container.kill()
-            stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-            stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-            return RunResult(
-                exit_code=exit_code,
-                stdout=stdout,
-                stderr=stderr,
-                timed_out=timed_out,
-                seconds=time.monotonic() - start,
-            )
-        except docker.errors.ImageNotFound as exc:
-            msg = f"image {image} is not in the local engine; build or pull it first"
-            raise EnvbuildError(msg) from exc
-        except docker.errors.APIError as exc:
-            msg = f"the engine could not run {image}: {_short(exc)}"
-            raise EnvbuildError(msg) from exc
-        except _LOST as exc:
-            msg = f"lost the Docker engine while running {image}: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
-        finally:
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except _LOST_OR_REFUSED:
-                    log.warning("could not remove container %s", container.id)
-
-    def _require_engine(self, doing: str) -> None:
-        try:
-            self._client.ping()
-        except _LOST_OR_REFUSED as exc:
-            msg = f"lost the Docker engine during {doing}: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
+        """Run `command` in a fresh container with `files` copied in; the container is removed."""
+        ...
 
     def remove_leftovers(self) -> int:
-        """Remove stopped containers that only a dead run leaves: envbuild's smoke containers and
-        the builder stage's, kept by an engine that died mid-build; return how many."""
-        removed = 0
-        for label in ("org.envbuild.role=smoke", "org.envbuild.stage=builder"):
-            for status in ("exited", "dead", "created"):
-                filters: dict[str, str | list[str] | bool] = {"label": label, "status": status}
-                for container in self._client.containers.list(all=True, filters=filters):
-                    if status == "created" and not _stale(container.attrs.get("Created")):
-                        continue  # another run may be about to start it
-                    try:
-                        container.remove(force=True)
-                        removed += 1
-                    except docker.errors.DockerException as exc:
-                        log.warning(
-                            "could not remove container %s: %s", container.short_id, _short(exc)
-                        )
-        if removed:
-            log.info("removed %d containers left by an earlier run that died", removed)
-        return removed
+        """Remove the stopped containers a dead earlier run left; return how many."""
+        ...
 
     def remove_images_holding(self, secrets: list[str], *, label: str, since: float) -> int:
-        """Remove the images labelled `label`, made since `since` (epoch seconds), whose history
-        holds one of `secrets` (the classic builder writes build arguments into the history of
-        every RUN step); return how many."""
-        removed = 0
-        try:
-            images = self._client.images.list(all=True, filters={"label": label})
-            doomed = [
-                image
-                for image in images
-                if _created_at(image.attrs.get("Created")) >= since - 5
-                and any(secret in json.dumps(image.history()) for secret in secrets)
-            ]
-            for _ in range(len(doomed)):  # a parent goes only once its children are gone
-                left = []
-                for image in doomed:
-                    try:
-                        self._client.images.remove(str(image.id), force=True)
-                        removed += 1
-                    except docker.errors.ImageNotFound:
-                        removed += 1  # pruned with a child removed before it
-                    except docker.errors.APIError:
-                        left.append(image)
-                doomed = left
-                if not doomed:
-                    break
-            if doomed:
-                log.warning("could not remove %d cached images holding credentials", len(doomed))
-        except _LOST as exc:
-            log.warning("could not look for cached images holding credentials: %s", _short(exc))
-        return removed
+        """Remove images labelled `label`, made since `since`, whose history holds a secret."""
+        ...
 
     def remove_run_containers(self, run: str) -> int:
-        """Force-remove every container a run made (after an interrupt); return how many."""
-        removed = 0
-        try:
-            containers = self._client.containers.list(
-                all=True, filters={"label": f"{RUN_LABEL}={run}"}
-            )
-            for container in containers:
-                container.remove(force=True)
-                removed += 1
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            log.warning("could not remove the containers of run %s: %s", run, _short(exc))
-        return removed
+        """Force-remove every container run `run` made; return how many."""
+        ...
 
 
-# What a dead or restarting engine raises mid-request: docker-py streams read urllib3 directly.
-_LOST: tuple[type[BaseException], ...] = (
-    requests.RequestException,
-    urllib3.exceptions.HTTPError,
-    ConnectionError,
-)
-_LOST_OR_REFUSED: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_LOST)
-_RESTART = "check that dockerd runs (`docker info`), restart it, and run envbuild again"
+def connect() -> Engine:
+    """The Docker engine DOCKER_HOST or the default socket names; EngineUnavailable if it does
+    not answer. docker-py is imported only here, so commands that need no engine never load it."""
+    from envbuild.docker_engine import DockerEngine
 
-
-def _created_at(created: object) -> float:
-    """Epoch seconds of the engine's `Created` time stamp (0 when it cannot be read)."""
-    text = str(created or "").rstrip("Z").split(".")[0]
-    try:
-        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def _stale(created: object, *, after: float = 120.0) -> bool:
-    """True for a container created more than `after` seconds ago (from the engine's Created)."""
-    made = _created_at(created)
-    return made > 0 and time.time() - made > after
-
-
-def _info(image: Any) -> ImageInfo:
-    labels = (image.attrs.get("Config") or {}).get("Labels") or {}
-    return ImageInfo(id=str(image.id), tags=tuple(image.tags), labels=dict(labels))
-
-
-def _tar_of(path: str, data: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(path.lstrip("/"))
-        info.size = len(data)
-        info.mode = 0o755
-        info.mtime = int(time.time())
-        archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-
-
-def _build_error(message: str, last_lines: list[str]) -> str:
-    tail = " | ".join(line.strip() for line in last_lines[-3:])
-    return f"{message}" + (f" (last output: {tail})" if tail else "")
+    return DockerEngine.connect()

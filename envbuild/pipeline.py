@@ -13,6 +13,7 @@ from pathlib import Path
 
 from envbuild.build import build_entry, prepare
 from envbuild.engine import Engine
+from envbuild.engine import connect as connect_engine
 from envbuild.errors import EnvbuildError
 from envbuild.interrupt import remove_scratch, run_id, scratch_prefix
 from envbuild.models import (
@@ -122,7 +123,7 @@ def run_entries(
     *,
     store: ResultStore,
     on_event: Callable[[Event], None],
-    connect: Callable[[], Engine] = Engine.connect,
+    connect: Callable[[], Engine] = connect_engine,
 ) -> list[EntryResult]:
     """Check every base, build shared stages, then build and smoke-test the entries."""
     for url in (options.index_url, *options.extra_index_urls):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -161,13 +162,23 @@ def junit_xml(results: list[EntryResult]) -> str:
                 for c in (result.smoke.checks if result.smoke else ())
                 if not c.passed
             )
+            reason = _xml_text(reason)
             failure = ET.SubElement(case, "failure", message=reason[:500])
             failure.text = reason
         elif result.smoke is not None:
             out = ET.SubElement(case, "system-out")
-            out.text = "\n".join(smoke_lines(result.smoke))
+            out.text = _xml_text("\n".join(smoke_lines(result.smoke)))
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+# XML 1.0 allows no C0 control characters but tab, newline and carriage return; a build's
+# output (ANSI colours) would otherwise make the whole JUnit file unreadable.
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _XML_FORBIDDEN.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def markdown_summary(results: list[EntryResult]) -> str:

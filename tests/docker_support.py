@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine
+from envbuild.engine import Engine, connect
 from envbuild.errors import EngineUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[docker.DockerClient]:
     try:
-        Engine.connect()
+        connect()
     except EngineUnavailable as exc:
         pytest.fail(f"{exc.message} (these tests need a real engine; .ci/run starts one)")
     client = docker.from_env(timeout=600)
@@ -83,7 +83,7 @@ def docker_client() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture(scope="session")
 def engine(docker_client: docker.DockerClient) -> Engine:
-    return Engine.connect()
+    return connect()
 
 
 @pytest.fixture(scope="session")

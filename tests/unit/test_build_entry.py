@@ -1,0 +1,224 @@
+"""build_entry over an in-memory engine: what is built, found, adopted (never), restored, recorded.
+
+Only the engine is a double; the knowledge base, rendering and the result store are real.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+from envbuild.build import build_entry, prepare
+from envbuild.docker_engine import DockerEngine
+from envbuild.engine import Engine
+from envbuild.errors import BuildFailed
+from envbuild.matrix import default_matrix_path, load_matrix, make_plan
+from envbuild.models import HASH_LABEL, BuildContext, BuildOptions, Knowledge, Selection
+from envbuild.store import ResultStore
+from tests.engine_double import InMemoryEngine
+
+PROTOCOL = sorted(name for name in vars(Engine) if not name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", PROTOCOL)
+@pytest.mark.parametrize("implementation", [DockerEngine, InMemoryEngine])
+def test_both_engines_implement_the_protocol_as_declared(implementation: type, name: str) -> None:
+    assert inspect.signature(getattr(implementation, name)) == inspect.signature(
+        getattr(Engine, name)
+    )
+
+
+def test_the_protocol_covers_what_envbuild_asks_of_an_engine() -> None:
+    assert {"build", "run", "image", "tag", "push", "probe_base", "remove_leftovers"} <= set(
+        PROTOCOL
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ResultStore:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # build logs
+    return ResultStore(tmp_path / "results.sqlite3")
+
+
+@pytest.fixture
+def double() -> InMemoryEngine:
+    return InMemoryEngine()
+
+
+def context_for(
+    double: InMemoryEngine, knowledge: Knowledge, options: BuildOptions | None = None
+) -> BuildContext:
+    chosen = Selection(framework="jax", cuda="cpu")
+    (entry,) = make_plan(knowledge, load_matrix(default_matrix_path(), knowledge), chosen).entries
+    if entry.base_image not in double.bases:
+        double.add_base(entry.base_image, python=entry.python)
+    return prepare(double, knowledge, entry, options or BuildOptions())
+
+
+def test_a_build_is_tagged_labelled_logged_and_recorded(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    built = build_entry(double, context, store=store)
+
+    assert built.built
+    record = store.built_image(context.content_hash)
+    assert record is not None
+    assert (record.image_id, record.entry_id) == (built.id, context.entry.id)
+    tagged = double.image(context.entry.image)
+    assert tagged is not None
+    assert tagged.id == built.id
+    assert tagged.labels[HASH_LABEL] == context.content_hash
+    assert "org.envbuild.version" in tagged.labels
+    (build,) = double.builds
+    assert build.dockerfile == context.dockerfile
+    assert build.network
+    assert not build.no_cache
+    assert built.log_path is not None
+    assert "Step 1/" in built.log_path.read_text(encoding="utf-8")
+
+
+def test_the_same_content_hash_is_found_not_rebuilt(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    first = build_entry(double, context, store=store)
+    again = build_entry(double, context, store=store)
+
+    assert not again.built
+    assert again.id == first.id
+    assert again.log_path is None
+    assert again.tag_restored_from is None
+    assert context.entry.image in again.tags
+    assert len(double.builds) == 1
+
+
+def test_no_cache_rebuilds_what_exists(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    first = build_entry(double, context, store=store)
+    again = build_entry(double, context, store=store, no_cache=True)
+
+    assert again.built
+    assert again.id != first.id
+    assert double.builds[-1].no_cache
+    record = store.built_image(context.content_hash)
+    assert record is not None
+    assert record.image_id == again.id
+
+
+def test_a_derived_image_carrying_the_content_hash_is_not_adopted(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    # Built FROM an envbuild image elsewhere and tagged like the entry: the label is inherited.
+    derived = double.add_image(
+        "derived", tags=(context.entry.image,), labels={HASH_LABEL: context.content_hash}
+    )
+    built = build_entry(double, context, store=store)
+
+    assert built.built
+    assert built.id != derived
+    tagged = double.image(context.entry.image)
+    assert tagged is not None
+    assert tagged.id == built.id
+
+
+def test_a_moved_tag_is_restored_and_reported(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    ours = build_entry(double, context, store=store).id
+    derived = double.add_image(
+        "derived", tags=("team/derived:1",), labels={HASH_LABEL: context.content_hash}
+    )
+    double.tag(derived, context.entry.image)  # `docker tag team/derived:1 <the entry's tag>`
+
+    again = build_entry(double, context, store=store)
+
+    assert not again.built
+    assert again.id == ours
+    assert again.tag_restored_from == derived
+    tagged = double.image(context.entry.image)
+    assert tagged is not None
+    assert tagged.id == ours
+    kept = double.image(derived)
+    assert kept is not None
+    assert kept.tags == ("team/derived:1",)
+    assert len(double.builds) == 1
+
+
+def test_an_image_the_engine_no_longer_has_is_rebuilt(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    first = build_entry(double, context, store=store)
+    double.remove_image(first.id)  # `docker rmi`, or a pruned engine
+
+    again = build_entry(double, context, store=store)
+
+    assert again.built
+    assert again.id != first.id
+    record = store.built_image(context.content_hash)
+    assert record is not None
+    assert record.image_id == again.id
+
+
+def test_a_failed_build_names_the_entry_and_its_log_and_records_nothing(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    double.failing_builds[context.entry.image] = "No matching distribution found for jax"
+    with pytest.raises(BuildFailed) as failed:
+        build_entry(double, context, store=store)
+
+    message = failed.value.message
+    assert message.startswith(f"{context.entry.id}: build failed: No matching distribution")
+    log = Path(message.split(" (full log: ", 1)[1].removesuffix(")"))
+    assert log.name == f"{context.entry.id}.log"
+    assert "ERROR: No matching distribution found for jax" in log.read_text(encoding="utf-8")
+    assert store.built_image(context.content_hash) is None
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["built", "failed"])
+def test_cached_builder_images_holding_an_index_password_are_removed(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, fails: bool
+) -> None:
+    options = BuildOptions(index_url="https://ci:hunter2-pw@mirror.example/simple")
+    context = context_for(double, knowledge, options)
+    if fails:
+        double.failing_builds[context.entry.image] = "network unreachable"
+        with pytest.raises(BuildFailed):
+            build_entry(double, context, store=store)
+    else:
+        build_entry(double, context, store=store)
+    (build,) = double.builds
+    assert build.build_args == {"PIP_INDEX_URL": options.index_url}
+    assert double.secrets_removed == [["hunter2-pw"]]
+
+
+def test_without_credentials_no_cached_image_is_removed(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    build_entry(double, context_for(double, knowledge), store=store)
+    assert double.secrets_removed == []
+
+
+def test_a_record_naming_an_image_without_the_content_hash_is_not_trusted(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    context = context_for(double, knowledge)
+    other = double.add_image("unrelated", tags=("team/other:1",))
+    # A record copied from another host, or one whose id now names something else.
+    store.record_built(context.content_hash, context.entry.id, context.entry.image, other)
+
+    built = build_entry(double, context, store=store)
+
+    assert built.built
+    assert built.id != other
+    tagged = double.image(context.entry.image)
+    assert tagged is not None
+    assert tagged.id == built.id
