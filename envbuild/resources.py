@@ -28,3 +28,8 @@ def matrices_dir() -> Path:
 def payload_path(framework: str) -> Path:
     """The smoke payload script for a framework."""
     return _PACKAGE / "payload" / f"{framework}_smoke.py"
+
+
+def payload_harness_path() -> Path:
+    """The stdlib-only harness every smoke payload imports from its own folder."""
+    return _PACKAGE / "payload" / "smoke_harness.py"

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from envbuild.engine import Engine
-from envbuild.errors import BadInput
+from envbuild.errors import BadInput, SmokeFailed
 from envbuild.models import CPU, SmokeCheck, SmokeResult
-from envbuild.resources import payload_path
+from envbuild.resources import payload_harness_path, payload_path
 
 PAYLOAD_DIR = "/tmp/envbuild-smoke"
 GPU_CHOICES = ("auto", "all", "none")
@@ -38,6 +38,25 @@ def _parse(stdout: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def payload_files(framework: str, *, image: str) -> tuple[str, dict[str, bytes]]:
+    """The script to run and the files to copy in: the framework's payload beside the harness it imports."""
+    script = payload_path(framework)
+    if not script.is_file():
+        msg = f"image {image}: no smoke payload for framework {framework!r}"
+        raise BadInput(msg)
+    harness = payload_harness_path()
+    if not harness.is_file():
+        msg = f"envbuild's smoke harness {harness} is missing; reinstall envbuild"
+        raise SmokeFailed(msg)
+    target = f"{PAYLOAD_DIR}/{script.name}"
+    # One folder: the payload's `import smoke_harness` finds it there (sys.path[0]).
+    files = {
+        target: script.read_bytes(),
+        f"{PAYLOAD_DIR}/{harness.name}": harness.read_bytes(),
+    }
+    return target, files
 
 
 def check_report(
@@ -145,20 +164,16 @@ def smoke_image(
         msg = f"image {ref} is not in the local engine; build it (`envbuild build`) or pull it"
         raise BadInput(msg)
     framework = image.labels.get("org.envbuild.framework", "torch")
-    script = payload_path(framework)
-    if not script.is_file():
-        msg = f"image {ref}: no smoke payload for framework {framework!r}"
-        raise BadInput(msg)
+    target, files = payload_files(framework, image=ref)
     use_gpus = gpus == "all" or (gpus == "auto" and engine.has_nvidia_runtime())
     start = time.monotonic()
-    target = f"{PAYLOAD_DIR}/{script.name}"
     # GNU timeout inside the container stops a hung payload even if the host side is interrupted.
     command = ["timeout", "-k", "10", str(int(timeout)), "python3", target]
     result = engine.run(
         ref,
         command,
         timeout=timeout + 30,
-        files={target: script.read_bytes()},
+        files=files,
         gpus=use_gpus,
     )
     payload = _parse(result.stdout)

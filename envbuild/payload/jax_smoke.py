@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """envbuild smoke payload for JAX images.
 
-Copied into a container and run as ``python3 jax_smoke.py``.  It prints
-exactly one JSON document on stdout (all other output, including anything
-JAX, XLA or NCCL write to fd 1, is diverted to stderr) and exits 0 when
-every check passed, 1 otherwise.  The document has the same shape as the one
-torch_smoke.py prints.
+Copied into a container beside smoke_harness.py and run as ``python3
+jax_smoke.py``.  The harness prints exactly one JSON document on stdout (all
+other output, including anything JAX, XLA or NCCL write to fd 1, is diverted
+to stderr), in the same shape for every framework, and exits 0 when every
+check passed, 1 otherwise; this file is the JAX part alone.
 
 Sections:
   * versions / devices  -- what the image and the machine provide;
@@ -18,45 +18,28 @@ Sections:
                            SUM of (index+1) must equal n(n+1)/2 everywhere;
                            bandwidth is measured as in nccl-tests.
 
-Only the standard library, jax (with jax.numpy) and numpy (a jax
-dependency) are used.  Every section runs in a worker thread with a deadline:
-a section that hangs is reported and the payload still prints its report and
+Only the standard library, the harness, jax (with jax.numpy) and numpy (a
+jax dependency) are used.  Every section runs under the harness's deadline: a
+section that hangs is reported and the payload still prints its report and
 exits.
 
 Knob: ENVBUILD_SMOKE_STEPS (optimizer steps, default 20, minimum 2).
 """
 
-import ctypes
-import json
 import math
 import os
 import platform
 import sys
-import threading
 import time
 import traceback
 
-PAYLOAD = "jax"
-PAYLOAD_VERSION = 1
+import smoke_harness as harness
+from smoke_harness import describe_exc, log
 
-DEFAULT_STEPS = 20
-# The last loss must be at least this fraction below the first one, so that
-# a no-op optimizer (constant loss, maybe with tiny numerical jitter) fails.
-MIN_RELATIVE_DROP = 0.01
+PAYLOAD = "jax"
+
 LEARNING_RATE = 0.02
 MOMENTUM = 0.9
-
-# Deadlines (seconds) per section, and for all sections together; the host
-# runs the container under its own, longer, timeout.
-SECTION_TIMEOUT_S = {"versions": 120.0, "devices": 60.0, "train": 180.0}
-ALLREDUCE_TIMEOUT_S = 240.0
-TOTAL_TIMEOUT_S = 480.0
-
-GPU_BYTES = 16 * 1024 * 1024
-CPU_BYTES = 4 * 1024 * 1024
-GPU_WARMUP, GPU_ITERS = 5, 20
-CPU_WARMUP, CPU_ITERS = 2, 10
-CPU_WORLD_SIZE = 2
 HOST_DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -69,120 +52,7 @@ def force_host_devices():
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if HOST_DEVICE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICE_FLAG}={CPU_WORLD_SIZE}".strip()
-
-
-def log(msg):
-    sys.stderr.write(f"[jax_smoke] {msg}\n")
-    sys.stderr.flush()
-
-
-def describe_exc(exc):
-    text = str(exc).strip()
-    # Keep error entries to one readable line (XLA/NCCL messages can be long).
-    text = " ".join(text.split())
-    if len(text) > 500:
-        text = text[:497] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def divert_stdout():
-    """Point fd 1 at stderr; return a private fd for the JSON document."""
-    sys.stdout.flush()
-    json_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return json_fd
-
-
-def clean_json(obj):
-    """Replace non-finite floats (invalid in JSON) by null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return dict((k, clean_json(v)) for k, v in list(obj.items()))
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in list(obj)]
-    return obj
-
-
-def snapshot(section):
-    """A copy of a section dict that a hung worker thread can no longer change."""
-    for _ in range(5):
-        try:
-            return json.loads(json.dumps(clean_json(section)))
-        except Exception:  # the worker changed it under our feet: retry
-            time.sleep(0.01)
-    return dict(section)
-
-
-def run_bounded(name, fn, timeout_s):
-    """Run ``fn()`` in a daemon thread for at most ``timeout_s`` seconds.
-
-    Returns (finished, exception).  A thread that is still running after the
-    deadline is abandoned (it cannot be killed); the caller reports it.
-    """
-    box = {}
-
-    def target():
-        try:
-            fn()
-        except BaseException as exc:  # report everything, even SystemExit
-            box["exc"] = exc
-            traceback.print_exc(file=sys.stderr)
-
-    th = threading.Thread(target=target, name=f"section-{name}", daemon=True)
-    th.start()
-    th.join(max(0.0, timeout_s))
-    if th.is_alive():
-        return False, None
-    return True, box.get("exc")
-
-
-def nccl_version_string(v):
-    """22707 / 2708 / (2, 27, 7) -> 'x.y.z'."""
-    if v is None:
-        return None
-    if isinstance(v, (tuple, list)):
-        return ".".join(str(int(x)) for x in v[:3])
-    if isinstance(v, str):
-        return v
-    v = int(v)
-    if v >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
-        major, rest = divmod(v, 10000)
-    else:  # older: major*1000 + minor*100 + patch
-        major, rest = divmod(v, 1000)
-    minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
-
-
-def loaded_nccl_version():
-    """ncclGetVersion() of the libnccl this process has mapped, else None.
-
-    Only a library that is already loaded (seen in /proc/self/maps) is asked,
-    so a stray libnccl elsewhere on the system cannot be reported by mistake;
-    a statically linked NCCL is not found and gives None.
-    """
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = sorted(
-                {
-                    line.split(None, 5)[5].strip()
-                    for line in fh
-                    if "libnccl" in line and len(line.split(None, 5)) == 6
-                }
-            )
-    except OSError:
-        return None
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-            version = ctypes.c_int(0)
-            if lib.ncclGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
-                return nccl_version_string(version.value)
-        except Exception:
-            continue
-    return None
+        os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICE_FLAG}={harness.CPU_WORLD_SIZE}".strip()
 
 
 # --------------------------------------------------------------------------
@@ -195,19 +65,6 @@ def cuda_version_string(v):
         return None
     major, rest = divmod(int(v), 1000)
     return f"{major}.{rest // 10}"
-
-
-def cudnn_version_string(v):
-    """90800 -> '9.8.0', 8902 -> '8.9.2'."""
-    if v is None:
-        return None
-    v = int(v)
-    if v >= 90000:  # cuDNN >= 9: major*10000 + minor*100 + patch
-        major, rest = divmod(v, 10000)
-    else:  # cuDNN <= 8: major*1000 + minor*100 + patch
-        major, rest = divmod(v, 1000)
-    minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
 
 
 def gpu_backend(jax):
@@ -270,8 +127,8 @@ def collect_versions(jax, versions, errors):
         return
     probes = (
         ("cuda", "cuda_runtime_get_version", cuda_version_string),
-        ("cudnn", "cudnn_get_version", cudnn_version_string),
-        ("nccl", "nccl_get_version", nccl_version_string),
+        ("cudnn", "cudnn_get_version", harness.cudnn_version_from),
+        ("nccl", "nccl_get_version", harness.nccl_version_from),
     )
     for key, fn_name, fmt in probes:
         fn = getattr(mod, fn_name, None)
@@ -309,22 +166,6 @@ def collect_devices(jax):
 
 # --------------------------------------------------------------------------
 # training step
-
-
-def steps_from_env(errors):
-    raw = os.environ.get("ENVBUILD_SMOKE_STEPS", "").strip()
-    if not raw:
-        return DEFAULT_STEPS
-    try:
-        steps = int(raw)
-        if steps < 2:
-            raise ValueError("must be >= 2")
-        return steps
-    except ValueError as exc:
-        errors.append(
-            f"train: ValueError: bad ENVBUILD_SMOKE_STEPS={raw!r} ({exc}); using {DEFAULT_STEPS}"
-        )
-        return DEFAULT_STEPS
 
 
 def run_train(jax, train, lr=None):
@@ -395,20 +236,7 @@ def run_train(jax, train, lr=None):
     jax.block_until_ready(params)
     train["seconds"] = time.perf_counter() - t0
 
-    first, last = losses[0], losses[-1]
-    train["loss_first"] = first
-    train["loss_last"] = last
-    fell = (
-        math.isfinite(first)
-        and math.isfinite(last)
-        and last < first
-        and (first - last) > MIN_RELATIVE_DROP * abs(first)
-    )
-    train["loss_fell"] = bool(fell)
-    if not fell:
-        raise RuntimeError(
-            f"loss did not fall over {len(losses)} steps: first={first!r} last={last!r}"
-        )
+    harness.judge_losses(train, losses)
 
 
 # --------------------------------------------------------------------------
@@ -474,27 +302,15 @@ def run_allreduce(jax, ar, errors, versions):
     import jax.numpy as jnp
 
     devs = jax.devices()
-    if gpu_backend(jax):
-        backend = "nccl"
-        nbytes, warmup, iters = GPU_BYTES, GPU_WARMUP, GPU_ITERS
-    else:
-        backend = "cpu"
-        nbytes, warmup, iters = CPU_BYTES, CPU_WARMUP, CPU_ITERS
+    backend = "nccl" if gpu_backend(jax) else "cpu"
+    elements, warmup, iters = harness.plan_allreduce(ar, backend, gpu=backend == "nccl")
     world = len(devs)
-    elements = nbytes // 4
-    expected = world * (world + 1) / 2.0
-    ar.update(
-        backend=backend,
-        world_size=world,
-        elements=elements,
-        bytes=elements * 4,
-        iterations=iters,
-        expected=expected,
-    )
-    if backend == "cpu" and world < CPU_WORLD_SIZE:
+    expected = harness.allreduce_world(ar, world)
+    if backend == "cpu" and world < harness.CPU_WORLD_SIZE:
         errors.append(
             f"allreduce: only {world} host device(s) although XLA_FLAGS asks for "
-            f"{CPU_WORLD_SIZE} ({os.environ.get('XLA_FLAGS', '')!r}); was jax imported earlier?"
+            f"{harness.CPU_WORLD_SIZE} ({os.environ.get('XLA_FLAGS', '')!r}); "
+            "was jax imported earlier?"
         )
 
     def ones_fill(k):
@@ -533,153 +349,45 @@ def run_allreduce(jax, ar, errors, versions):
     # correctness again after the collective has been used repeatedly
     correct2, got2 = _check_sum(jnp, jax.block_until_ready(fn(make(ones_fill))), expected)
 
-    correct = bool(correct1 and correct2)
-    ar["correct"] = correct
-    ar["got"] = got2 if correct1 else got1
-    ar["seconds"] = seconds
-    if seconds > 0:
-        algbw = ar["bytes"] / seconds / 1e9
-        ar["algbw_gbps"] = algbw
-        ar["busbw_gbps"] = algbw * 2.0 * (world - 1) / world if world > 1 else 0.0
+    harness.record_bandwidth(ar, seconds)
     if backend == "nccl" and versions.get("nccl") is None:
-        versions["nccl"] = loaded_nccl_version()
-    if not correct:
-        errors.append(
-            f"allreduce: wrong result: expected {expected!r} everywhere, got {ar['got']!r}"
-        )
+        versions["nccl"] = harness.loaded_nccl_version()
+    harness.record_allreduce(
+        ar, errors, correct=correct1 and correct2, got=got2 if correct1 else got1
+    )
 
 
 # --------------------------------------------------------------------------
 
 
-def main():
-    json_fd = divert_stdout()
-    errors = []
-    versions = {
-        "python": platform.python_version(),
-        "framework": None,
-        "cuda": None,
-        "cudnn": None,
-        "nccl": None,
-        "jaxlib": None,
-    }
-    devices = []
-    train = {
-        "device": None,
-        "dtype": None,
-        "autocast": False,
-        "steps": DEFAULT_STEPS,
-        "losses": [],
-        "loss_first": None,
-        "loss_last": None,
-        "loss_fell": False,
-        "seconds": None,
-    }
-    allreduce = {
-        "backend": None,
-        "world_size": None,
-        "elements": None,
-        "bytes": None,
-        "dtype": "float32",
-        "iterations": None,
-        "seconds": None,
-        "algbw_gbps": None,
-        "busbw_gbps": None,
-        "correct": False,
-        "expected": None,
-        "got": None,
-    }
-    t_start = time.perf_counter()
-    deadline = time.monotonic() + TOTAL_TIMEOUT_S
-    hung = False
-
-    jax = None
-    try:
-        force_host_devices()
-        import jax
-    except BaseException as exc:  # a broken jax may raise anything
-        errors.append("import: " + describe_exc(exc))
-        traceback.print_exc(file=sys.stderr)
-
-    if jax is not None:
-        train["steps"] = steps_from_env(errors)
-        sections = [
-            ("versions", lambda: collect_versions(jax, versions, errors)),
-            ("devices", lambda: devices.extend(collect_devices(jax))),
-            ("train", lambda: run_train(jax, train)),
-            ("allreduce", lambda: run_allreduce(jax, allreduce, errors, versions)),
-        ]
-        for name, fn in sections:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                errors.append(f"{name}: skipped, the payload's {TOTAL_TIMEOUT_S:g} s are used up")
-                continue
-            limit = min(SECTION_TIMEOUT_S.get(name, ALLREDUCE_TIMEOUT_S), remaining)
-            log(f"section {name} ...")
-            t0 = time.perf_counter()
-            finished, exc = run_bounded(name, fn, limit)
-            if not finished:
-                hung = True
-                errors.append(f"{name}: no result within {limit:.0f} s (hung?), abandoned")
-                # The abandoned thread may still write: freeze what we report.
-                versions = snapshot(versions)
-                devices = snapshot(devices)
-                train = snapshot(train)
-                allreduce = snapshot(allreduce)
-            elif exc is not None:
-                errors.append(f"{name}: {describe_exc(exc)}")
-            log(f"section {name} done in {time.perf_counter() - t0:.2f} s")
-
-    checks = {
-        "loss_fell": bool(train.get("loss_fell")),
-        "allreduce_correct": bool(allreduce.get("correct")),
-    }
-    ok = all(checks.values()) and not errors
-    doc = {
-        "payload": PAYLOAD,
-        "payload_version": PAYLOAD_VERSION,
-        # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
-        # expect them from a GPU-less run.
-        "cuda_needs_gpu": True,
-        "ok": bool(ok),
-        "versions": versions,
-        "devices": devices,
-        "train": train,
-        "allreduce": allreduce,
-        "checks": checks,
-        "errors": list(errors),
-    }
-    try:
-        text = json.dumps(clean_json(doc), indent=2, allow_nan=False)
-    except Exception as exc:  # should not happen; still emit valid JSON
-        text = json.dumps(
-            {
-                "payload": PAYLOAD,
-                "payload_version": PAYLOAD_VERSION,
-                "ok": False,
-                "versions": {},
-                "devices": [],
-                "train": {},
-                "allreduce": {},
-                "checks": {"loss_fell": False, "allreduce_correct": False},
-                "errors": [*errors, "json: " + describe_exc(exc)],
-            }
-        )
-        ok = False
-    log(
-        f"total {time.perf_counter() - t_start:.2f} s, ok={ok}"
-        + (" (a section hung)" if hung else "")
+def smoke(run):
+    force_host_devices()
+    jax = run.load("jax")
+    if jax is None:
+        return
+    run.doc["train"]["steps"] = harness.steps_from_env(run.errors)
+    run.section("versions", 120, lambda doc: collect_versions(jax, doc["versions"], doc["errors"]))
+    run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(jax)))
+    run.section("train", 180, lambda doc: run_train(jax, doc["train"]))
+    run.section(
+        "allreduce",
+        240,
+        lambda doc: run_allreduce(jax, doc["allreduce"], doc["errors"], doc["versions"]),
     )
-    with os.fdopen(json_fd, "w") as out:
-        out.write(text + "\n")
-        out.flush()
-    return 0 if ok else 1
+
+
+def parts():
+    parts = harness.standard_parts()
+    parts["versions"]["jaxlib"] = None
+    return parts
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stderr.flush()
-    # Leave without interpreter teardown: an abandoned (hung) section thread,
-    # or XLA's own shutdown, must neither block the exit nor change
-    # its status after the report went out.
-    os._exit(code)
+    harness.main(
+        PAYLOAD,
+        smoke,
+        parts=parts(),
+        # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
+        # expect them from a GPU-less run.
+        extra={"cuda_needs_gpu": True},
+    )

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """envbuild smoke payload for TensorFlow images.
 
-Copied into a container and run as ``python3 tensorflow_smoke.py``.  It
-prints exactly one JSON document on stdout (all other output, including
-anything TensorFlow, Keras or NCCL write to fd 1, is diverted to stderr) and
-exits 0 when every check passed, 1 otherwise.  The document has the same
-shape as the one torch_smoke.py prints.
+Copied into a container beside smoke_harness.py and run as ``python3
+tensorflow_smoke.py``.  The harness prints exactly one JSON document on stdout
+(all other output, including anything TensorFlow, Keras or NCCL write to fd 1,
+is diverted to stderr), in the same shape for every framework, and exits 0
+when every check passed, 1 otherwise; this file is the TensorFlow part alone.
 
 Sections:
   * setup               -- before TensorFlow initializes its devices: GPU
@@ -21,157 +21,25 @@ Sections:
                            equal n(n+1)/2 everywhere; bandwidth is measured
                            as in nccl-tests.
 
-Only the standard library and tensorflow are used.  Every section runs in a
-worker thread with a deadline: a section that hangs is reported and the
-payload still prints its report and exits.
+Only the standard library, the harness and tensorflow are used.  Every
+section runs under the harness's deadline: a section that hangs is reported
+and the payload still prints its report and exits.
 
 Knob: ENVBUILD_SMOKE_STEPS (optimizer steps, default 20, minimum 2).
 """
 
-import ctypes
-import json
 import math
 import os
 import platform
-import sys
-import threading
 import time
-import traceback
+
+import smoke_harness as harness
+from smoke_harness import describe_exc, log
 
 PAYLOAD = "tensorflow"
-PAYLOAD_VERSION = 1
 
-DEFAULT_STEPS = 20
-# The last loss must be at least this fraction below the first one, so that
-# a no-op optimizer (constant loss, maybe with tiny numerical jitter) fails.
-MIN_RELATIVE_DROP = 0.01
 LEARNING_RATE = 0.02
 MOMENTUM = 0.9
-
-# Deadlines (seconds) per section, and for all sections together; the host
-# runs the container under its own, longer, timeout.
-SECTION_TIMEOUT_S = {"setup": 120.0, "versions": 60.0, "devices": 60.0, "train": 180.0}
-ALLREDUCE_TIMEOUT_S = 240.0
-TOTAL_TIMEOUT_S = 480.0
-
-GPU_BYTES = 16 * 1024 * 1024
-CPU_BYTES = 4 * 1024 * 1024
-GPU_WARMUP, GPU_ITERS = 5, 20
-CPU_WARMUP, CPU_ITERS = 2, 10
-CPU_WORLD_SIZE = 2
-
-
-def log(msg):
-    sys.stderr.write(f"[tensorflow_smoke] {msg}\n")
-    sys.stderr.flush()
-
-
-def describe_exc(exc):
-    text = str(exc).strip()
-    # Keep error entries to one readable line (TF/NCCL messages can be long).
-    text = " ".join(text.split())
-    if len(text) > 500:
-        text = text[:497] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def divert_stdout():
-    """Point fd 1 at stderr; return a private fd for the JSON document."""
-    sys.stdout.flush()
-    json_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return json_fd
-
-
-def clean_json(obj):
-    """Replace non-finite floats (invalid in JSON) by null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return dict((k, clean_json(v)) for k, v in list(obj.items()))
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in list(obj)]
-    return obj
-
-
-def snapshot(section):
-    """A copy of a section dict that a hung worker thread can no longer change."""
-    for _ in range(5):
-        try:
-            return json.loads(json.dumps(clean_json(section)))
-        except Exception:  # the worker changed it under our feet: retry
-            time.sleep(0.01)
-    return dict(section)
-
-
-def run_bounded(name, fn, timeout_s):
-    """Run ``fn()`` in a daemon thread for at most ``timeout_s`` seconds.
-
-    Returns (finished, exception).  A thread that is still running after the
-    deadline is abandoned (it cannot be killed); the caller reports it.
-    """
-    box = {}
-
-    def target():
-        try:
-            fn()
-        except BaseException as exc:  # report everything, even SystemExit
-            box["exc"] = exc
-            traceback.print_exc(file=sys.stderr)
-
-    th = threading.Thread(target=target, name=f"section-{name}", daemon=True)
-    th.start()
-    th.join(max(0.0, timeout_s))
-    if th.is_alive():
-        return False, None
-    return True, box.get("exc")
-
-
-def nccl_version_string(v):
-    """22707 / 2708 / (2, 27, 7) -> 'x.y.z'."""
-    if v is None:
-        return None
-    if isinstance(v, (tuple, list)):
-        return ".".join(str(int(x)) for x in v[:3])
-    if isinstance(v, str):
-        return v
-    v = int(v)
-    if v >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
-        major, rest = divmod(v, 10000)
-    else:  # older: major*1000 + minor*100 + patch
-        major, rest = divmod(v, 1000)
-    minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
-
-
-def loaded_nccl_version():
-    """ncclGetVersion() of the libnccl this process has mapped, else None.
-
-    Only a library that is already loaded (seen in /proc/self/maps) is asked,
-    so a stray libnccl elsewhere on the system cannot be reported by mistake;
-    a statically linked NCCL is not found and gives None.
-    """
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = sorted(
-                {
-                    line.split(None, 5)[5].strip()
-                    for line in fh
-                    if "libnccl" in line and len(line.split(None, 5)) == 6
-                }
-            )
-    except OSError:
-        return None
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-            version = ctypes.c_int(0)
-            if lib.ncclGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
-                return nccl_version_string(version.value)
-        except Exception:
-            continue
-    return None
 
 
 # --------------------------------------------------------------------------
@@ -197,7 +65,7 @@ def setup_devices(tf, state):
     # CPU devices carved out of the one physical CPU.
     tf.config.set_logical_device_configuration(
         cpus[0],
-        [tf.config.LogicalDeviceConfiguration() for _ in range(CPU_WORLD_SIZE)],
+        [tf.config.LogicalDeviceConfiguration() for _ in range(harness.CPU_WORLD_SIZE)],
     )
 
 
@@ -257,22 +125,6 @@ def collect_devices(tf):
 # training step
 
 
-def steps_from_env(errors):
-    raw = os.environ.get("ENVBUILD_SMOKE_STEPS", "").strip()
-    if not raw:
-        return DEFAULT_STEPS
-    try:
-        steps = int(raw)
-        if steps < 2:
-            raise ValueError("must be >= 2")
-        return steps
-    except ValueError as exc:
-        errors.append(
-            f"train: ValueError: bad ENVBUILD_SMOKE_STEPS={raw!r} ({exc}); using {DEFAULT_STEPS}"
-        )
-        return DEFAULT_STEPS
-
-
 def run_train(tf, train, lr=None):
     """Fill ``train`` in place; raise on failure."""
     lr = LEARNING_RATE if lr is None else lr
@@ -322,24 +174,7 @@ def run_train(tf, train, lr=None):
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
-    losses = [float(v) for v in history.history.get("loss", [])]
-    train["losses"] = losses
-    if len(losses) < 2:
-        raise RuntimeError(f"expected {train['steps']} per-step losses, got {len(losses)}")
-    first, last = losses[0], losses[-1]
-    train["loss_first"] = first
-    train["loss_last"] = last
-    fell = (
-        math.isfinite(first)
-        and math.isfinite(last)
-        and last < first
-        and (first - last) > MIN_RELATIVE_DROP * abs(first)
-    )
-    train["loss_fell"] = bool(fell)
-    if not fell:
-        raise RuntimeError(
-            f"loss did not fall over {len(losses)} steps: first={first!r} last={last!r}"
-        )
+    harness.judge_losses(train, [float(v) for v in history.history.get("loss", [])])
 
 
 # --------------------------------------------------------------------------
@@ -360,25 +195,21 @@ def run_allreduce(tf, ar, errors, versions):
         backend, devices = "nccl", [d.name for d in gpus]
         cross_device_ops = tf.distribute.NcclAllReduce()
         ar["method"] = "MirroredStrategy/NcclAllReduce"
-        nbytes, warmup, iters = GPU_BYTES, GPU_WARMUP, GPU_ITERS
     else:
         cpus = tf.config.list_logical_devices("CPU")
-        backend, devices = "cpu", [d.name for d in cpus[:CPU_WORLD_SIZE]]
-        if len(devices) < CPU_WORLD_SIZE:
+        backend, devices = "cpu", [d.name for d in cpus[: harness.CPU_WORLD_SIZE]]
+        if len(devices) < harness.CPU_WORLD_SIZE:
             raise RuntimeError(
-                f"need {CPU_WORLD_SIZE} logical CPU devices for the all-reduce, "
+                f"need {harness.CPU_WORLD_SIZE} logical CPU devices for the all-reduce, "
                 f"TensorFlow has {len(cpus)} (setup failed?)"
             )
         cross_device_ops = tf.distribute.ReductionToOneDevice()
         ar["method"] = "MirroredStrategy/ReductionToOneDevice"
-        nbytes, warmup, iters = CPU_BYTES, CPU_WARMUP, CPU_ITERS
-    elements = nbytes // 4
-    ar.update(backend=backend, elements=elements, bytes=elements * 4, iterations=iters)
+    elements, warmup, iters = harness.plan_allreduce(ar, backend, gpu=backend == "nccl")
 
     strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
     world = int(strategy.num_replicas_in_sync)
-    expected = world * (world + 1) / 2.0
-    ar.update(world_size=world, expected=expected)
+    expected = harness.allreduce_world(ar, world)
 
     def per_replica(fill):
         # value_fn runs under each replica's device scope.
@@ -431,153 +262,39 @@ def run_allreduce(tf, ar, errors, versions):
     # correctness again after the collective has been used repeatedly
     correct2, got2 = check(allreduce(ones))
 
-    correct = bool(correct1 and correct2)
-    ar["correct"] = correct
-    ar["got"] = got2 if correct1 else got1
-    ar["seconds"] = seconds
-    if seconds > 0:
-        algbw = ar["bytes"] / seconds / 1e9
-        ar["algbw_gbps"] = algbw
-        ar["busbw_gbps"] = algbw * 2.0 * (world - 1) / world if world > 1 else 0.0
+    harness.record_bandwidth(ar, seconds)
     if backend == "nccl" and versions.get("nccl") is None:
-        versions["nccl"] = loaded_nccl_version()
-    if not correct:
-        errors.append(
-            f"allreduce: wrong result: expected {expected!r} everywhere, got {ar['got']!r}"
-        )
+        versions["nccl"] = harness.loaded_nccl_version()
+    harness.record_allreduce(
+        ar, errors, correct=correct1 and correct2, got=got2 if correct1 else got1
+    )
 
 
 # --------------------------------------------------------------------------
 
 
-def main():
-    json_fd = divert_stdout()
-    errors = []
-    versions = {
-        "python": platform.python_version(),
-        "framework": None,
-        "cuda": None,
-        "cudnn": None,
-        "nccl": None,
-    }
-    devices = []
-    train = {
-        "device": None,
-        "dtype": None,
-        "autocast": False,
-        "steps": DEFAULT_STEPS,
-        "losses": [],
-        "loss_first": None,
-        "loss_last": None,
-        "loss_fell": False,
-        "seconds": None,
-    }
-    allreduce = {
-        "backend": None,
-        "world_size": None,
-        "elements": None,
-        "bytes": None,
-        "dtype": "float32",
-        "iterations": None,
-        "seconds": None,
-        "algbw_gbps": None,
-        "busbw_gbps": None,
-        "correct": False,
-        "expected": None,
-        "got": None,
-    }
-    t_start = time.perf_counter()
-    deadline = time.monotonic() + TOTAL_TIMEOUT_S
-    hung = False
-
-    tf = None
-    try:
-        import tensorflow as tf
-    except BaseException as exc:  # a broken tensorflow may raise anything
-        errors.append("import: " + describe_exc(exc))
-        traceback.print_exc(file=sys.stderr)
-
-    if tf is not None:
-        state = {}
-        train["steps"] = steps_from_env(errors)
-        sections = [
-            ("setup", lambda: setup_devices(tf, state)),
-            ("versions", lambda: collect_versions(tf, versions)),
-            ("devices", lambda: devices.extend(collect_devices(tf))),
-            ("train", lambda: run_train(tf, train)),
-            ("allreduce", lambda: run_allreduce(tf, allreduce, errors, versions)),
-        ]
-        for name, fn in sections:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                errors.append(f"{name}: skipped, the payload's {TOTAL_TIMEOUT_S:g} s are used up")
-                continue
-            limit = min(SECTION_TIMEOUT_S.get(name, ALLREDUCE_TIMEOUT_S), remaining)
-            log(f"section {name} ...")
-            t0 = time.perf_counter()
-            finished, exc = run_bounded(name, fn, limit)
-            if not finished:
-                hung = True
-                errors.append(f"{name}: no result within {limit:.0f} s (hung?), abandoned")
-                # The abandoned thread may still write: freeze what we report.
-                versions = snapshot(versions)
-                devices = snapshot(devices)
-                train = snapshot(train)
-                allreduce = snapshot(allreduce)
-            elif exc is not None:
-                errors.append(f"{name}: {describe_exc(exc)}")
-            log(f"section {name} done in {time.perf_counter() - t0:.2f} s")
-
-    checks = {
-        "loss_fell": bool(train.get("loss_fell")),
-        "allreduce_correct": bool(allreduce.get("correct")),
-    }
-    ok = all(checks.values()) and not errors
-    doc = {
-        "payload": PAYLOAD,
-        "payload_version": PAYLOAD_VERSION,
-        # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
-        # expect them from a GPU-less run.
-        "cuda_needs_gpu": True,
-        "ok": bool(ok),
-        "versions": versions,
-        "devices": devices,
-        "train": train,
-        "allreduce": allreduce,
-        "checks": checks,
-        "errors": list(errors),
-    }
-    try:
-        text = json.dumps(clean_json(doc), indent=2, allow_nan=False)
-    except Exception as exc:  # should not happen; still emit valid JSON
-        text = json.dumps(
-            {
-                "payload": PAYLOAD,
-                "payload_version": PAYLOAD_VERSION,
-                "ok": False,
-                "versions": {},
-                "devices": [],
-                "train": {},
-                "allreduce": {},
-                "checks": {"loss_fell": False, "allreduce_correct": False},
-                "errors": [*errors, "json: " + describe_exc(exc)],
-            }
-        )
-        ok = False
-    log(
-        f"total {time.perf_counter() - t_start:.2f} s, ok={ok}"
-        + (" (a section hung)" if hung else "")
+def smoke(run):
+    tf = run.load("tensorflow")
+    if tf is None:
+        return
+    state = {}
+    run.doc["train"]["steps"] = harness.steps_from_env(run.errors)
+    run.section("setup", 120, lambda doc: setup_devices(tf, state))
+    run.section("versions", 60, lambda doc: collect_versions(tf, doc["versions"]))
+    run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(tf)))
+    run.section("train", 180, lambda doc: run_train(tf, doc["train"]))
+    run.section(
+        "allreduce",
+        240,
+        lambda doc: run_allreduce(tf, doc["allreduce"], doc["errors"], doc["versions"]),
     )
-    with os.fdopen(json_fd, "w") as out:
-        out.write(text + "\n")
-        out.flush()
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stderr.flush()
-    # Leave without interpreter teardown: an abandoned (hung) section thread,
-    # or TensorFlow's own shutdown, must neither block the exit nor change
-    # its status after the report went out.
-    os._exit(code)
+    harness.main(
+        PAYLOAD,
+        smoke,
+        # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
+        # expect them from a GPU-less run.
+        extra={"cuda_needs_gpu": True},
+    )

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """envbuild smoke payload for PyTorch images.
 
-Copied into a container and run as ``python3 torch_smoke.py``.  It prints
-exactly one JSON document on stdout (all other output, including anything
-torch, NCCL or gloo write to fd 1, is diverted to stderr) and exits 0 when
-every check passed, 1 otherwise.
+Copied into a container beside smoke_harness.py and run as ``python3
+torch_smoke.py``.  The harness prints exactly one JSON document on stdout (all
+other output, including anything torch, NCCL or gloo write to fd 1, is
+diverted to stderr), gives every section a deadline, and exits 0 when every
+check passed, 1 otherwise; this file is the torch part alone.
 
 Sections:
   * versions / devices  -- what the image and the machine provide;
@@ -16,14 +17,14 @@ Sections:
                            n(n+1)/2 everywhere; bandwidth is measured as in
                            nccl-tests.
 
-Only the standard library and torch are used.  Every wait on a child process
-has a deadline; children that die or hang are killed and reported.
+Only the standard library, the harness and torch are used.  Every wait on a
+child process has a deadline; children that die or hang are killed and
+reported.
 
 Knob: ENVBUILD_SMOKE_STEPS (optimizer steps, default 20, minimum 2).
 """
 
 import contextlib
-import json
 import math
 import os
 import platform
@@ -32,89 +33,19 @@ import sys
 import time
 import traceback
 
+import smoke_harness as harness
+
 PAYLOAD = "torch"
-PAYLOAD_VERSION = 1
 
-DEFAULT_STEPS = 20
-# The last loss must be at least this fraction below the first one, so that
-# a no-op optimizer (constant loss, maybe with tiny numerical jitter) fails.
-MIN_RELATIVE_DROP = 0.01
-
-ALLREDUCE_TIMEOUT_S = 300.0  # total, for all children together
+# The all-reduce's own deadline (for all children together); the section's is
+# longer by the margin that stopping the children and reporting them needs.
+ALLREDUCE_TIMEOUT_S = 300.0
+ALLREDUCE_MARGIN_S = 30.0
 ALLREDUCE_GRACE_S = 15.0  # how long to wait for the others once a rank failed
-GPU_BYTES = 16 * 1024 * 1024
-CPU_BYTES = 4 * 1024 * 1024
-GPU_WARMUP, GPU_ITERS = 5, 20
-CPU_WARMUP, CPU_ITERS = 2, 10
-CPU_WORLD_SIZE = 2
-
-
-def log(msg):
-    sys.stderr.write(f"[torch_smoke] {msg}\n")
-    sys.stderr.flush()
-
-
-def describe_exc(exc):
-    text = str(exc).strip()
-    # Keep error entries to one readable line (CUDA/NCCL messages can be long).
-    text = " ".join(text.split())
-    if len(text) > 500:
-        text = text[:497] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def divert_stdout():
-    """Point fd 1 at stderr; return a private fd for the JSON document."""
-    sys.stdout.flush()
-    json_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return json_fd
-
-
-def clean_json(obj):
-    """Replace non-finite floats (invalid in JSON) by null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return dict((k, clean_json(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    return obj
 
 
 # --------------------------------------------------------------------------
 # versions and devices
-
-
-def cudnn_version_string(v):
-    """90100 -> '9.1.0', 8902 -> '8.9.2'."""
-    if v is None:
-        return None
-    v = int(v)
-    if v >= 90000:  # cuDNN >= 9: major*10000 + minor*100 + patch
-        major, rest = divmod(v, 10000)
-    else:  # cuDNN <= 8: major*1000 + minor*100 + patch
-        major, rest = divmod(v, 1000)
-    minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
-
-
-def nccl_version_string(v):
-    """(2, 20, 5) / (2, 20, 5, 'suffix') / 22005 / 2708 -> 'x.y.z'."""
-    if v is None:
-        return None
-    if isinstance(v, (tuple, list)):
-        nums = [str(int(x)) for x in v[:3]]
-        return ".".join(nums)
-    v = int(v)
-    if v >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
-        major, rest = divmod(v, 10000)
-        minor, patch = divmod(rest, 100)
-    else:  # older: major*1000 + minor*100 + patch
-        major, rest = divmod(v, 1000)
-        minor, patch = divmod(rest, 100)
-    return f"{major}.{minor}.{patch}"
 
 
 def collect_versions(torch, versions, errors):
@@ -123,14 +54,14 @@ def collect_versions(torch, versions, errors):
     if torch.cuda.is_available():
         try:
             if torch.backends.cudnn.is_available():
-                versions["cudnn"] = cudnn_version_string(torch.backends.cudnn.version())
+                versions["cudnn"] = harness.cudnn_version_from(torch.backends.cudnn.version())
         except Exception as exc:
-            errors.append("versions.cudnn: " + describe_exc(exc))
+            errors.append("versions.cudnn: " + harness.describe_exc(exc))
     if versions["cuda"] is not None:
         try:
-            versions["nccl"] = nccl_version_string(torch.cuda.nccl.version())
+            versions["nccl"] = harness.nccl_version_from(torch.cuda.nccl.version())
         except Exception as exc:
-            errors.append("versions.nccl: " + describe_exc(exc))
+            errors.append("versions.nccl: " + harness.describe_exc(exc))
 
 
 def collect_devices(torch):
@@ -161,22 +92,6 @@ def collect_devices(torch):
 
 # --------------------------------------------------------------------------
 # training step
-
-
-def steps_from_env(errors):
-    raw = os.environ.get("ENVBUILD_SMOKE_STEPS", "").strip()
-    if not raw:
-        return DEFAULT_STEPS
-    try:
-        steps = int(raw)
-        if steps < 2:
-            raise ValueError("must be >= 2")
-        return steps
-    except ValueError as exc:
-        errors.append(
-            f"train: ValueError: bad ENVBUILD_SMOKE_STEPS={raw!r} ({exc}); using {DEFAULT_STEPS}"
-        )
-        return DEFAULT_STEPS
 
 
 def make_grad_scaler(torch):
@@ -252,20 +167,7 @@ def run_train(torch, train):
         torch.cuda.synchronize()
     train["seconds"] = time.perf_counter() - t0
 
-    first, last = losses[0], losses[-1]
-    train["loss_first"] = first
-    train["loss_last"] = last
-    fell = (
-        math.isfinite(first)
-        and math.isfinite(last)
-        and last < first
-        and (first - last) > MIN_RELATIVE_DROP * abs(first)
-    )
-    train["loss_fell"] = bool(fell)
-    if not fell:
-        raise RuntimeError(
-            f"loss did not fall over {len(losses)} steps: first={first!r} last={last!r}"
-        )
+    harness.judge_losses(train, losses)
 
 
 # --------------------------------------------------------------------------
@@ -362,7 +264,7 @@ def _allreduce_worker(rank, world, backend, port, elements, warmup, iters, conn)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     except BaseException as exc:  # report everything, even KeyboardInterrupt
-        res["error"] = f"rank {rank}: {describe_exc(exc)}"
+        res["error"] = f"rank {rank}: {harness.describe_exc(exc)}"
         traceback.print_exc(file=sys.stderr)
     try:
         conn.send(res)
@@ -393,20 +295,10 @@ def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         backend, world = "nccl", torch.cuda.device_count()
-        nbytes, warmup, iters = GPU_BYTES, GPU_WARMUP, GPU_ITERS
     else:
-        backend, world = "gloo", CPU_WORLD_SIZE
-        nbytes, warmup, iters = CPU_BYTES, CPU_WARMUP, CPU_ITERS
-    elements = nbytes // 4
-    expected = world * (world + 1) / 2.0
-    ar.update(
-        backend=backend,
-        world_size=world,
-        elements=elements,
-        bytes=elements * 4,
-        iterations=iters,
-        expected=expected,
-    )
+        backend, world = "gloo", harness.CPU_WORLD_SIZE
+    elements, warmup, iters = harness.plan_allreduce(ar, backend, gpu=backend == "nccl")
+    harness.allreduce_world(ar, world)
 
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this build")
@@ -482,124 +374,34 @@ def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
             got = g
             if not results[rank].get("correct"):
                 break
-    ar["got"] = got
-    ar["correct"] = bool(correct)
     if all_in:
-        seconds = max(r["seconds"] for r in results.values())
-        ar["seconds"] = seconds
-        if seconds > 0:
-            algbw = ar["bytes"] / seconds / 1e9
-            ar["algbw_gbps"] = algbw
-            ar["busbw_gbps"] = algbw * 2.0 * (world - 1) / world if world > 1 else 0.0
-    if all_in and not correct:
-        errors.append(f"allreduce: wrong result: expected {expected!r} everywhere, got {got!r}")
+        harness.record_bandwidth(ar, max(r["seconds"] for r in results.values()))
+        harness.record_allreduce(ar, errors, correct=correct, got=got)
+    else:  # the missing or failed ranks are the errors already
+        ar["got"] = got
 
 
 # --------------------------------------------------------------------------
 
 
-def main():
-    json_fd = divert_stdout()
-    errors = []
-    versions = {
-        "python": platform.python_version(),
-        "framework": None,
-        "cuda": None,
-        "cudnn": None,
-        "nccl": None,
-    }
-    devices = []
-    train = {
-        "device": None,
-        "dtype": None,
-        "autocast": False,
-        "steps": DEFAULT_STEPS,
-        "losses": [],
-        "loss_first": None,
-        "loss_last": None,
-        "loss_fell": False,
-        "seconds": None,
-    }
-    allreduce = {
-        "backend": None,
-        "world_size": None,
-        "elements": None,
-        "bytes": None,
-        "dtype": "float32",
-        "iterations": None,
-        "seconds": None,
-        "algbw_gbps": None,
-        "busbw_gbps": None,
-        "correct": False,
-        "expected": None,
-        "got": None,
-    }
-    t_start = time.perf_counter()
+def smoke(run):
+    torch = run.load("torch")
+    if torch is None:
+        return
+    run.doc["train"]["steps"] = harness.steps_from_env(run.errors)
+    run.section(
+        "versions", 120, lambda doc: collect_versions(torch, doc["versions"], doc["errors"])
+    )
+    run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(torch)))
+    run.section("train", 180, lambda doc: run_train(torch, doc["train"]))
 
-    torch = None
-    try:
-        import torch
-    except BaseException as exc:  # a broken torch may raise anything
-        errors.append("import: " + describe_exc(exc))
-        traceback.print_exc(file=sys.stderr)
+    def allreduce(doc):
+        # Leave the section the time to stop the children and report them.
+        timeout_s = min(ALLREDUCE_TIMEOUT_S, run.time_left() - ALLREDUCE_MARGIN_S)
+        run_allreduce(torch, doc["allreduce"], doc["errors"], max(timeout_s, 1.0))
 
-    if torch is not None:
-        sections = [
-            ("versions", lambda: collect_versions(torch, versions, errors)),
-            ("devices", lambda: devices.extend(collect_devices(torch))),
-            ("train", lambda: run_train(torch, train)),
-            ("allreduce", lambda: run_allreduce(torch, allreduce, errors)),
-        ]
-        train["steps"] = steps_from_env(errors)
-        for name, fn in sections:
-            log(f"section {name} ...")
-            t0 = time.perf_counter()
-            try:
-                fn()
-            except Exception as exc:
-                errors.append(f"{name}: {describe_exc(exc)}")
-                traceback.print_exc(file=sys.stderr)
-            log(f"section {name} done in {time.perf_counter() - t0:.2f} s")
-
-    checks = {
-        "loss_fell": bool(train["loss_fell"]),
-        "allreduce_correct": bool(allreduce["correct"]),
-    }
-    ok = all(checks.values()) and not errors
-    doc = {
-        "payload": PAYLOAD,
-        "payload_version": PAYLOAD_VERSION,
-        "ok": bool(ok),
-        "versions": versions,
-        "devices": devices,
-        "train": train,
-        "allreduce": allreduce,
-        "checks": checks,
-        "errors": errors,
-    }
-    try:
-        text = json.dumps(clean_json(doc), indent=2, allow_nan=False)
-    except Exception as exc:  # should not happen; still emit valid JSON
-        text = json.dumps(
-            {
-                "payload": PAYLOAD,
-                "payload_version": PAYLOAD_VERSION,
-                "ok": False,
-                "versions": {},
-                "devices": [],
-                "train": {},
-                "allreduce": {},
-                "checks": {"loss_fell": False, "allreduce_correct": False},
-                "errors": [*errors, "json: " + describe_exc(exc)],
-            }
-        )
-        ok = False
-    log(f"total {time.perf_counter() - t_start:.2f} s, ok={ok}")
-    with os.fdopen(json_fd, "w") as out:
-        out.write(text + "\n")
-        out.flush()
-    return 0 if ok else 1
+    run.section("allreduce", ALLREDUCE_TIMEOUT_S + ALLREDUCE_MARGIN_S, allreduce)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.main(PAYLOAD, smoke)
