@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from envbuild import __version__
+from envbuild import labels as label_keys
 from envbuild.engine import Engine, ImageInfo
 from envbuild.errors import BadInput, BuildFailed
 from envbuild.interrupt import scratch_prefix
 from envbuild.models import (
-    HASH_LABEL,
     BaseProbe,
     BuildContext,
     BuildOptions,
@@ -29,7 +29,7 @@ from envbuild.store import ResultStore
 
 log = logging.getLogger(__name__)
 
-BUILDER_LABEL = "org.envbuild.stage=builder"  # set by the Dockerfile's builder stage
+BUILDER_LABEL = f"{label_keys.STAGE}=builder"  # set by the Dockerfile's builder stage
 
 
 def log_dir() -> Path:
@@ -91,7 +91,7 @@ def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> 
     if record is None:
         return None
     image = engine.image(record.image_id)
-    if image is None or image.labels.get(HASH_LABEL) != context.content_hash:
+    if image is None or image.labels.get(label_keys.CONTENT_HASH) != context.content_hash:
         return None
     return image
 
@@ -147,7 +147,7 @@ def build_entry(
     log_path = logs / f"{entry.id}.log"
     labels = {
         **context.labels,
-        "org.envbuild.version": __version__,
+        label_keys.VERSION: __version__,
         "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     with (

@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.compat import entry_id, find_gpu
+from envbuild.compat import entry_id
 from envbuild.engine import connect
 from envbuild.errors import EngineUnavailable
-from envbuild.knowledge import version_sort_key
-from envbuild.matrix import Matrix, make_plan
+from envbuild.gpu_compat import find_gpu
+from envbuild.matrix import make_plan
+from envbuild.matrix_file import Matrix
 from envbuild.models import CPU, Fleet, Gpu, Knowledge, Selection
+from envbuild.versions import version_sort_key
 
 MIN_GPU_MEMORY_GB = 8  # below this, training images are of little use (the guide's floor)
 CONTAINER_SHM = "1g"  # what `envbuild smoke` gives containers; Docker's default is 64 MB
@@ -255,7 +257,6 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
             Gpu(
                 name=g.name,
                 cc=g.cc,
-                memory_gb=g.memory_bytes / 1e9,
                 source=known.source if known else "the driver",
             )
         )

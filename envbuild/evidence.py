@@ -19,8 +19,8 @@ from typing import Any
 
 from envbuild.http_limits import BLOB_LIMIT, printable
 from envbuild.registry import (
-    _EMPTY_CONFIG,
     CREATED_ANNOTATION,
+    EMPTY_CONFIG,
     EVIDENCE_ARTIFACT_TYPE,
     OCI_EMPTY,
     OCI_INDEX,
@@ -30,10 +30,10 @@ from envbuild.registry import (
     RegistryClient,
     RegistryError,
     RegistryNotFound,
-    _is_digest,
-    _json_or_none,
-    _manifest_bytes,
-    _sha256,
+    is_digest,
+    json_or_none,
+    manifest_bytes,
+    sha256,
 )
 from envbuild.store import StateError, data_dir
 
@@ -85,8 +85,8 @@ def _attach(
         descriptor = client.push_blob(repository, data, media_type)
         layers.append({**descriptor, "annotations": {TITLE_ANNOTATION: name}})
     config = {
-        **client.push_blob(repository, _EMPTY_CONFIG, OCI_EMPTY),
-        "data": base64.b64encode(_EMPTY_CONFIG).decode("ascii"),
+        **client.push_blob(repository, EMPTY_CONFIG, OCI_EMPTY),
+        "data": base64.b64encode(EMPTY_CONFIG).decode("ascii"),
     }
     annotations = {CREATED_ANNOTATION: _now_rfc3339()}
     manifest = {
@@ -102,8 +102,8 @@ def _attach(
         },
         "annotations": annotations,
     }
-    body = _manifest_bytes(manifest)
-    digest, response = client._put_manifest(repository, _sha256(body), body, OCI_MANIFEST)
+    body = manifest_bytes(manifest)
+    digest, response = client.put_manifest(repository, sha256(body), body, OCI_MANIFEST)
     if response.headers.get("OCI-Subject") == subject_digest:
         log.info("%s indexes referrers itself; no fallback tag needed", client.host)
         return digest
@@ -304,11 +304,11 @@ def smoke_report(client: RegistryClient, files: Mapping[str, bytes], what: str) 
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise client.malformed(what, kind="smoke report", why="not UTF-8") from None
-    report = _json_or_none(text)
+    report = json_or_none(text)
     if not isinstance(report, dict):
         raise client.malformed(what, kind="smoke report", why="not a JSON object")
     image_id = report.get("image_id")
-    if not isinstance(image_id, str) or not _is_digest(image_id):
+    if not isinstance(image_id, str) or not is_digest(image_id):
         raise client.malformed(what, kind="smoke report", why="it names no image id")
     if not isinstance(report.get("passed"), bool):
         raise client.malformed(what, kind="smoke report", why="'passed' is not true or false")

@@ -1,4 +1,4 @@
-"""Frozen dataclasses passed between the stages; this module imports nothing else of envbuild."""
+"""Frozen dataclasses passed between the stages; of envbuild, this module imports only the label keys."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuild.labels import CONTENT_HASH
+
 CPU = "cpu"
-# The label that names an image's content hash; inherited by images built FROM it.
-HASH_LABEL = "org.envbuild.content-hash"
+HASH_LABEL = CONTENT_HASH  # inherited by images built FROM an envbuild image
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +74,6 @@ class OsBase:
     """An operating-system base and the Python its own packages provide."""
 
     name: str
-    distro: str
     version: str
     codename: str
     python: str
@@ -88,7 +88,6 @@ class Gpu:
 
     name: str
     cc: str  # "9.0"
-    memory_gb: float | None
     source: str
 
 
@@ -276,6 +275,7 @@ class BuildContext:
     entry: Entry
     base_image: str
     dockerfile: str
+    runtime_stage: str  # the Dockerfile's `runtime` stage (OS + Python) on its own
     files: tuple[tuple[str, Path], ...]  # (path in context, source file)
     build_args: dict[str, str]  # never hashed, never written: may hold credentials
     content_hash: str
@@ -335,5 +335,79 @@ class SmokeResult:
             "image": self.image,
             "image_id": self.image_id,
             "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+        }
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any], *, image: str, image_id: str) -> SmokeResult:
+        """The result a recorded report (`as_dict`) stands for, for an image vetted before."""
+        host_keys = {"passed", "checks", "image", "image_id", "exit_code", "seconds"}
+        raw_checks = report.get("checks")
+        checks = tuple(
+            SmokeCheck(name=str(c["name"]), passed=bool(c["passed"]), detail=str(c["detail"]))
+            for c in (raw_checks if isinstance(raw_checks, list) else [])
+        )
+        return cls(
+            image=image,
+            image_id=image_id,
+            payload={k: v for k, v in report.items() if k not in host_keys},
+            checks=checks,
+            exit_code=0,
+            seconds=0.0,
+            stderr_tail="",
+        )
+
+    def failed_checks(self) -> str:
+        """The failed checks as one line: `name: detail; ...`."""
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryResult:
+    """What happened to one entry in a build run."""
+
+    entry: Entry
+    image: BuiltImage | None
+    smoke: SmokeResult | None
+    error: str | None
+    smoke_reused: bool = False  # the image was vetted before; its recorded result stands
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Built (or found) and, when smoke-tested, passed."""
+        return (
+            self.error is None
+            and self.image is not None
+            and (self.smoke is None or self.smoke.passed)
+        )
+
+    @property
+    def failure_reason(self) -> str:
+        """Why the entry failed: its error, else its failed smoke checks (empty if neither)."""
+        if self.error:
+            return self.error
+        return self.smoke.failed_checks() if self.smoke is not None else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report's shape for one entry."""
+        image = None
+        if self.image is not None:
+            image = {
+                "id": self.image.id,
+                "tags": list(self.image.tags),
+                "log": str(self.image.log_path) if self.image.log_path else None,
+                "seconds": round(self.image.seconds, 3),
+            }
+        return {
+            "entry": self.entry.as_dict(),
+            "image": image,
+            "status": (
+                "failed" if self.image is None else "built" if self.image.built else "found"
+            ),
+            "passed": self.passed,
+            "error": self.error,
+            "smoke": self.smoke.as_dict() if self.smoke is not None else None,
+            "smoke_reused": self.smoke_reused,
             "seconds": round(self.seconds, 3),
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import threading
@@ -21,18 +22,15 @@ from envbuild.models import (
     BuildContext,
     BuildOptions,
     Entry,
+    EntryResult,
     Knowledge,
-    SmokeCheck,
     SmokeResult,
 )
 from envbuild.redact import register_url
-from envbuild.report import EntryResult
 from envbuild.smoke import smoke_image
 from envbuild.store import ResultStore
 
 log = logging.getLogger(__name__)
-
-RUNTIME_STAGE_END = "\nFROM runtime AS builder\n"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,13 +53,6 @@ class RunOptions:
     no_cache: bool = False  # rebuild every layer, even when the content hash exists
 
 
-def _runtime_stage(context: BuildContext) -> str | None:
-    """The OS + Python stage of a Dockerfile, from its FROM line (the header names the entry)."""
-    head, found, _ = context.dockerfile.partition(RUNTIME_STAGE_END)
-    start = head.find("FROM ")
-    return head[start:] + "\n" if found and start >= 0 else None
-
-
 def build_shared_stages(
     engine: Engine, contexts: list[BuildContext], on_event: Callable[[Event], None]
 ) -> int:
@@ -69,9 +60,7 @@ def build_shared_stages(
     find it in the layer cache instead of each building it; return how many were built."""
     stages: dict[str, list[BuildContext]] = {}
     for context in contexts:
-        stage = _runtime_stage(context)
-        if stage is not None:
-            stages.setdefault(stage, []).append(context)
+        stages.setdefault(context.runtime_stage, []).append(context)
     built = 0
     for stage, sharing in stages.items():
         if len(sharing) < 2:
@@ -95,24 +84,6 @@ def build_shared_stages(
             )
         built += 1
     return built
-
-
-def _recorded(record_report: dict[str, object], image: str, image_id: str) -> SmokeResult:
-    host_keys = {"passed", "checks", "image", "image_id", "exit_code", "seconds"}
-    raw_checks = record_report.get("checks")
-    checks = tuple(
-        SmokeCheck(name=str(c["name"]), passed=bool(c["passed"]), detail=str(c["detail"]))
-        for c in (raw_checks if isinstance(raw_checks, list) else [])
-    )
-    return SmokeResult(
-        image=image,
-        image_id=image_id,
-        payload={k: v for k, v in record_report.items() if k not in host_keys},
-        checks=checks,
-        exit_code=0,
-        seconds=0.0,
-        stderr_tail="",
-    )
 
 
 def run_entries(
@@ -158,14 +129,11 @@ def run_entries(
             result = _build_and_smoke(thread_engine(), context, run, store, on_event)
         except EnvbuildError as exc:
             result = EntryResult(entry=entry, image=None, smoke=None, error=exc.message)
-        result = EntryResult(
-            entry=result.entry, image=result.image, smoke=result.smoke, error=result.error,
-            smoke_reused=result.smoke_reused, seconds=time.monotonic() - start,
-        )  # fmt: skip
+        result = dataclasses.replace(result, seconds=time.monotonic() - start)
         if result.passed:
             on_event(Event(entry_id=entry.id, state="passed", detail=f"{result.seconds:.1f}s"))
         else:
-            reason = result.error or _failed_checks(result.smoke)
+            reason = result.failure_reason if result.smoke or result.error else "failed"
             on_event(Event(entry_id=entry.id, state="failed", detail=reason))
             if not run.keep_going:
                 stop.set()
@@ -194,12 +162,6 @@ def abandon_run(connect: Callable[[], Engine]) -> None:
         log.warning("could not clean up after the interrupt: %s", exc.message)
 
 
-def _failed_checks(smoke: SmokeResult | None) -> str:
-    if smoke is None:
-        return "failed"
-    return "; ".join(f"{c.name}: {c.detail}" for c in smoke.checks if not c.passed)
-
-
 def _build_and_smoke(
     engine: Engine,
     context: BuildContext,
@@ -225,13 +187,10 @@ def _build_and_smoke(
     record = store.latest_smoke(built.id)
     if not built.built and record is not None and record.passed:
         on_event(Event(entry_id=entry.id, state="smoke", detail="vetted before: not rerun"))
-        smoke = _recorded(record.report, entry.image, built.id)
+        smoke = SmokeResult.from_report(record.report, image=entry.image, image_id=built.id)
         return EntryResult(entry=entry, image=built, smoke=smoke, error=None, smoke_reused=True)
     on_event(Event(entry_id=entry.id, state="smoke"))
     smoke = smoke_image(engine, built.id, gpus=run.gpus)
-    smoke = SmokeResult(
-        image=entry.image, image_id=smoke.image_id, payload=smoke.payload, checks=smoke.checks,
-        exit_code=smoke.exit_code, seconds=smoke.seconds, stderr_tail=smoke.stderr_tail,
-    )  # fmt: skip
+    smoke = dataclasses.replace(smoke, image=entry.image)  # the entry's tag, not the image id
     store.record_smoke(smoke)
     return EntryResult(entry=entry, image=built, smoke=smoke, error=None)

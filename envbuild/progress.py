@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from envbuild.models import EntryResult
 from envbuild.pipeline import Event
-from envbuild.report import EntryResult
 
 _STYLE = {
     "passed": "green",
@@ -118,11 +118,6 @@ class ProgressView:
         ]
         for r in results:
             if not r.passed:
-                why = r.error or "; ".join(
-                    f"{c.name}: {c.detail}"
-                    for c in (r.smoke.checks if r.smoke else ())
-                    if not c.passed
-                )
-                lines.append(f"FAILED {r.entry.id}: {why}")
+                lines.append(f"FAILED {r.entry.id}: {r.failure_reason}")
         lines.append(f"{sum(r.passed for r in results)}/{len(results)} entries passed")
         return lines

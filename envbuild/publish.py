@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envbuild import labels as label_keys
+from envbuild.credentials import docker_auth_config
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, EnvbuildError
 from envbuild.evidence import (
@@ -17,9 +19,10 @@ from envbuild.evidence import (
     smoke_report,
 )
 from envbuild.http_limits import printable
-from envbuild.knowledge import version_sort_key
-from envbuild.models import HASH_LABEL
-from envbuild.registry import RegistryClient, docker_auth_config, parse_reference
+from envbuild.knowledge import cuda_tag
+from envbuild.matrix import newest_per_framework
+from envbuild.models import Entry
+from envbuild.registry import RegistryClient, parse_reference
 from envbuild.store import ResultStore
 
 PACKAGES_SCRIPT = (
@@ -74,7 +77,7 @@ def candidate(
     if image is None:
         msg = f"image {ref} is not in the local engine; build it first (`envbuild build`)"
         raise BadInput(msg)
-    content_hash = image.labels.get(HASH_LABEL)
+    content_hash = image.labels.get(label_keys.CONTENT_HASH)
     if content_hash is not None:
         record = store.built_image(content_hash)
         if record is None:
@@ -96,7 +99,7 @@ def candidate(
     path, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
     name = path.rsplit("/", 1)[-1] if path else ref
     if ref.startswith("sha256:"):
-        name, tag = image.labels.get("org.envbuild.framework", "image"), image.id[7:19]
+        name, tag = image.labels.get(label_keys.FRAMEWORK, "image"), image.id[7:19]
     return Candidate(
         source=ref,
         image_id=image.id,
@@ -107,25 +110,52 @@ def candidate(
     )
 
 
-def moving_tags(entries: list[Any]) -> dict[str, tuple[str, ...]]:
+def moving_tags(entries: list[Entry]) -> dict[str, tuple[str, ...]]:
     """Per entry id: the series tag (torch2.13-cpu-py3.11) and, for the newest release of each
     framework in this run, `latest`."""
-    newest: dict[str, Any] = {}
-    for entry in entries:
-        best = newest.get(entry.framework)
-        if best is None or version_sort_key(entry.framework_version) > version_sort_key(
-            best.framework_version
-        ):
-            newest[entry.framework] = entry
+    newest = newest_per_framework(entries)
     tags: dict[str, tuple[str, ...]] = {}
     for entry in entries:
         series = ".".join(entry.framework_version.split(".")[:2])
-        cuda = "cpu" if entry.cuda == "cpu" else "cu" + entry.cuda.replace(".", "")
-        names = [f"{entry.framework}{series}-{cuda}-py{entry.python}"]
+        names = [f"{entry.framework}{series}-{cuda_tag(entry.cuda)}-py{entry.python}"]
         if newest[entry.framework] is entry:
             names.append("latest")
         tags[entry.id] = tuple(names)
     return tags
+
+
+def built_entries(engine: Engine, entries: tuple[Entry, ...]) -> list[Entry]:
+    """The selected entries whose image is in the local engine; BadInput when none is."""
+    built = [e for e in entries if engine.image(e.image) is not None]
+    if not built:
+        msg = (
+            f"none of the {len(entries)} selected entries is built here; "
+            "run `envbuild build` with the same selectors first"
+        )
+        raise BadInput(msg)
+    return built
+
+
+def entry_candidates(engine: Engine, store: ResultStore, entries: list[Entry]) -> list[Candidate]:
+    """Each entry's image as a candidate, with its moving tags (series, and `latest`)."""
+    tags = moving_tags(entries)
+    return [candidate(engine, store, e.image, moving=tags[e.id]) for e in entries]
+
+
+def publish_images(
+    engine: Engine,
+    store: ResultStore,
+    items: list[Candidate],
+    registry: str,
+    *,
+    on_start: Callable[[Candidate], None],
+    on_published: Callable[[Candidate, Published], None],
+) -> None:
+    """Publish each candidate in turn (see publish_image); stop at the first failure."""
+    for item in items:
+        on_start(item)
+        for done in publish_image(engine, store, item, registry, on_line=lambda line: None):
+            on_published(item, done)
 
 
 def _split_registry(registry: str) -> tuple[str, str]:

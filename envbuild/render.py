@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 from packaging.requirements import Requirement
 
+from envbuild import labels
 from envbuild.errors import BadInput
 from envbuild.knowledge import cuda_tag
 from envbuild.models import CPU, BaseProbe, BuildContext, BuildOptions, Entry
@@ -208,23 +209,22 @@ def render_entry(
         index_args.append("PIP_INDEX_URL")
     if options.extra_index_urls:
         index_args.append("PIP_EXTRA_INDEX_URL")
-    python_from_os = base is not None and base.python is None
-    dockerfile = (
-        _environment()
-        .get_template("Dockerfile.j2")
-        .render(
-            entry=entry,
-            base_image=base_image,
-            cuda_label="CPU" if entry.cuda == CPU else f"CUDA {entry.cuda}, {cuda_tag(entry.cuda)}",
-            python_from_os=python_from_os,
-            index_args=index_args,
-            has_helpers=bool(files),
-            ca_bundle=options.ca_bundle is not None,
-            wheelhouse=options.wheelhouse is not None,
-            offline=options.offline,
-            framework_index=framework_index,
-        )
-    )
+    values = {
+        "entry": entry,
+        "base_image": base_image,
+        "cuda_label": "CPU" if entry.cuda == CPU else f"CUDA {entry.cuda}, {cuda_tag(entry.cuda)}",
+        "python_from_os": base is not None and base.python is None,
+        "index_args": index_args,
+        "has_helpers": bool(files),
+        "ca_bundle": options.ca_bundle is not None,
+        "wheelhouse": options.wheelhouse is not None,
+        "offline": options.offline,
+        "framework_index": framework_index,
+        "label": labels.TEMPLATE_KEYS,
+    }
+    environment = _environment()
+    dockerfile = environment.get_template("Dockerfile.j2").render(values)
+    runtime_stage = environment.get_template("runtime.j2").render(values)
     build_args = {}
     if options.index_url:
         build_args["PIP_INDEX_URL"] = options.index_url
@@ -236,10 +236,11 @@ def render_entry(
         entry=entry,
         base_image=base_image,
         dockerfile=dockerfile,
+        runtime_stage=runtime_stage,
         files=frozen_files,
         build_args=build_args,
         content_hash=content_hash,
-        labels={"org.envbuild.content-hash": content_hash},
+        labels={labels.CONTENT_HASH: content_hash},
         offline=options.offline,
     )
 

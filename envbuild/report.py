@@ -3,62 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuild import __version__
+from envbuild.atomic import write_atomically
 from envbuild.errors import BadInput
-from envbuild.models import BuiltImage, Entry, Fact, Plan, SmokeResult
+from envbuild.models import EntryResult, Fact, Plan, SmokeResult
 from envbuild.redact import redact
-
-
-@dataclass(frozen=True, kw_only=True)
-class EntryResult:
-    """What happened to one entry in a build run."""
-
-    entry: Entry
-    image: BuiltImage | None
-    smoke: SmokeResult | None
-    error: str | None
-    smoke_reused: bool = False  # the image was vetted before; its recorded result stands
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        """Built (or found) and, when smoke-tested, passed."""
-        return (
-            self.error is None
-            and self.image is not None
-            and (self.smoke is None or self.smoke.passed)
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report's shape for one entry."""
-        image = None
-        if self.image is not None:
-            image = {
-                "id": self.image.id,
-                "tags": list(self.image.tags),
-                "log": str(self.image.log_path) if self.image.log_path else None,
-                "seconds": round(self.image.seconds, 3),
-            }
-        return {
-            "entry": self.entry.as_dict(),
-            "image": image,
-            "status": (
-                "failed" if self.image is None else "built" if self.image.built else "found"
-            ),
-            "passed": self.passed,
-            "error": self.error,
-            "smoke": self.smoke.as_dict() if self.smoke is not None else None,
-            "smoke_reused": self.smoke_reused,
-            "seconds": round(self.seconds, 3),
-        }
 
 
 def plan_document(plan: Plan, *, explain: bool = False) -> dict[str, Any]:
@@ -90,19 +44,12 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 def write_text(path: Path, text: str) -> None:
     """Write a report atomically, secrets taken out; BadInput naming the path if it cannot be."""
     text = redact(text)
-    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        Path(tmp).replace(path)
+        write_atomically(path, text)
     except OSError as exc:
         msg = f"cannot write {path}: {exc.strerror or type(exc).__name__}; choose a writable path"
         raise BadInput(msg) from None
-    finally:
-        if tmp is not None and Path(tmp).exists():
-            Path(tmp).unlink(missing_ok=True)
 
 
 def smoke_lines(result: SmokeResult) -> list[str]:
@@ -157,12 +104,7 @@ def junit_xml(results: list[EntryResult]) -> str:
             time=f"{result.seconds:.3f}",
         )  # fmt: skip
         if not result.passed:
-            reason = result.error or "; ".join(
-                f"{c.name}: {c.detail}"
-                for c in (result.smoke.checks if result.smoke else ())
-                if not c.passed
-            )
-            reason = _xml_text(reason)
+            reason = _xml_text(result.failure_reason)
             failure = ET.SubElement(case, "failure", message=reason[:500])
             failure.text = reason
         elif result.smoke is not None:
@@ -213,3 +155,19 @@ def markdown_summary(results: list[EntryResult]) -> str:
             f"| `{result.entry.id}` | {verdict} | {image} | {loss} | {allreduce} | {result.seconds:.0f}s |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write_build_reports(
+    results: list[EntryResult], *, json_file: Path | None, junit_file: Path | None
+) -> None:
+    """Write the reports `build --report` and `--junit` ask for (each atomically)."""
+    if json_file is not None:
+        write_json(json_file, build_document(results))
+    if junit_file is not None:
+        write_text(junit_file, junit_xml(results))
+
+
+def append_step_summary(path: Path, results: list[EntryResult]) -> None:
+    """Append the Markdown summary, secrets taken out, to a GitHub step summary file."""
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(redact(markdown_summary(results)))

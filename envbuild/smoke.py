@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from envbuild import labels as label_keys
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, SmokeFailed
 from envbuild.models import CPU, SmokeCheck, SmokeResult
@@ -99,16 +100,10 @@ def check_report(
             ),
         )
     )
-    framework = labels.get("org.envbuild.framework", "framework")
+    framework = labels.get(label_keys.FRAMEWORK, "framework")
     comparisons = (
-        ("python_version", "org.envbuild.python", "python", _major_minor, "Python"),
-        (
-            "framework_version",
-            "org.envbuild.framework-version",
-            "framework",
-            _version_base,
-            framework,
-        ),
+        ("python_version", label_keys.PYTHON, "python", _major_minor, "Python"),
+        ("framework_version", label_keys.FRAMEWORK_VERSION, "framework", _version_base, framework),
     )
     for name, label, key, normalize, what in comparisons:
         expected = labels.get(label)
@@ -121,7 +116,7 @@ def check_report(
                     detail=f"{what} {got} (labels say {expected})",
                 )
             )
-    expect_cuda = labels.get("org.envbuild.cuda")
+    expect_cuda = labels.get(label_keys.CUDA)
     if expect_cuda:
         got_cuda = versions.get("cuda")
         on_gpu = any(d.get("kind") in ("cuda", "gpu") for d in payload.get("devices") or [])
@@ -137,8 +132,8 @@ def check_report(
             parts = len(expect_cuda.split("."))
             passed = ".".join(str(got_cuda).split(".")[:parts]) == expect_cuda
         checks.append(SmokeCheck(name="cuda_version", passed=passed, detail=detail))
-    for name in ("cudnn", "nccl"):
-        expected = labels.get(f"org.envbuild.{name}")
+    for name, label in (("cudnn", label_keys.CUDNN), ("nccl", label_keys.NCCL)):
+        expected = labels.get(label)
         got = versions.get(name)
         if expected and got:  # only reported where a GPU made the library load
             want = ".".join(expected.split(".")[: len(str(got).split("."))])
@@ -163,7 +158,7 @@ def smoke_image(
     if image is None:
         msg = f"image {ref} is not in the local engine; build it (`envbuild build`) or pull it"
         raise BadInput(msg)
-    framework = image.labels.get("org.envbuild.framework", "torch")
+    framework = image.labels.get(label_keys.FRAMEWORK, "torch")
     target, files = payload_files(framework, image=ref)
     use_gpus = gpus == "all" or (gpus == "auto" and engine.has_nvidia_runtime())
     start = time.monotonic()

@@ -69,7 +69,6 @@ class SmokeRecord:
     """The latest smoke result recorded for an image id."""
 
     image_id: str
-    image_ref: str
     passed: bool
     report: dict[str, Any]
     created: str
@@ -148,14 +147,14 @@ class ResultStore:
         """The newest smoke result for this image id, passing or not."""
         with self._connect() as db:
             row = db.execute(
-                "SELECT image_id, image_ref, passed, report, created FROM smoke "
+                "SELECT image_id, passed, report, created FROM smoke "
                 "WHERE image_id = ? ORDER BY created DESC, rowid DESC LIMIT 1",
                 (image_id,),
             ).fetchone()
         if row is None:
             return None
         try:
-            report = json.loads(row[3])
+            report = json.loads(row[2])
         except ValueError:
             report = None
         if not isinstance(report, dict):
@@ -164,9 +163,7 @@ class ResultStore:
                 f"{image_id[:19]}; vet the image again with `envbuild smoke`, or move the file away"
             )
             raise StateError(msg)
-        return SmokeRecord(
-            image_id=row[0], image_ref=row[1], passed=bool(row[2]), report=report, created=row[4]
-        )
+        return SmokeRecord(image_id=row[0], passed=bool(row[1]), report=report, created=row[3])
 
     def record_built(self, content_hash: str, entry_id: str, image_ref: str, image_id: str) -> None:
         """Keep the id of the image a build produced for this content hash."""

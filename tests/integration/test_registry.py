@@ -25,16 +25,20 @@ from typing import Any
 import pytest
 import requests
 
+from envbuild.credentials import (
+    PASSWORD_ENV,
+    USERNAME_ENV,
+    Credentials,
+    docker_auth_config,
+    lookup_credentials,
+)
 from envbuild.errors import EXIT_FAILED, BadInput, EnvbuildError
 from envbuild.evidence import attach_evidence, find_evidence, referrers_tag
 from envbuild.registry import (
     EVIDENCE_ARTIFACT_TYPE,
     OCI_INDEX,
     OCI_MANIFEST,
-    PASSWORD_ENV,
     TITLE_ANNOTATION,
-    USERNAME_ENV,
-    Credentials,
     EvidenceNotFound,
     RegistryAuthError,
     RegistryClient,
@@ -42,8 +46,6 @@ from envbuild.registry import (
     RegistryRef,
     RegistryUnreachable,
     default_scheme,
-    docker_auth_config,
-    lookup_credentials,
     parse_reference,
 )
 from tests.registry_server import RegistryServer

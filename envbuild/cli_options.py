@@ -1,0 +1,264 @@
+"""The options commands share, checked: selectors, fetch options, the fleet; and the wrapper
+that turns EnvbuildError into one line and an exit code.
+
+Like cli, this module imports heavy modules only inside functions, so `envbuild --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from envbuild.errors import EnvbuildError, SelectionError
+
+if TYPE_CHECKING:
+    from envbuild.matrix_file import Matrix
+    from envbuild.models import Fleet, Knowledge, Plan, Selection
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, code: int) -> None:
+    from envbuild.redact import redact
+
+    for line in redact(message).splitlines():
+        click.echo(f"envbuild: error: {line}", err=True)
+    sys.exit(code)
+
+
+def reports_errors(func: F) -> F:
+    """Turn EnvbuildError into its message on stderr and its exit code; never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except EnvbuildError as exc:
+            _fail(exc.message, exc.exit_code)
+        except KeyboardInterrupt as exc:
+            from envbuild.interrupt import exit_code, remove_scratch
+
+            remove_scratch()
+            code = exit_code(exc)
+            click.echo(
+                f"envbuild: error: {'terminated' if code == 143 else 'interrupted'}", err=True
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Not sys.exit: it would wait for worker threads still blocked on the engine.
+            os._exit(code)
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def selectors(func: F) -> F:
+    """The options every entry-picking command shares."""
+    options = [
+        click.option(
+            "--repository",
+            metavar="REPO",
+            help=(
+                "Image repository [HOST[:PORT]/]path, lowercase; may use the placeholder "
+                "{framework} [default: the matrix's, envbuild/{framework}]."
+            ),
+        ),
+        click.option(
+            "-m",
+            "--matrix",
+            "matrix_file",
+            type=click.Path(path_type=Path),
+            help="Matrix file (default: every release in the knowledge base).",
+        ),
+        click.option("--os", "os_name", metavar="OS", help="OS base, e.g. bookworm."),
+        click.option("--python", metavar="X.Y", help="Python version, e.g. 3.11."),
+        click.option(
+            "--cuda",
+            metavar="VER",
+            help="'cpu', a major ('12': every 12.x), '12.1', or a wheel tag ('cu121', 'cu12').",
+        ),
+        click.option(
+            "--framework-version", metavar="PREFIX", help="Release or prefix: '2.1' matches 2.1.x."
+        ),
+        click.option("--framework", metavar="NAME", help="Framework, e.g. torch."),
+    ]
+    for option in options:
+        func = option(func)
+    return func
+
+
+_SELECTOR_EXAMPLES = {
+    "framework": "torch",
+    "framework_version": "2.4 or 2.4.1",
+    "python": "3.11",
+    "os_name": "bookworm",
+}
+
+
+def selection_from(kwargs: dict[str, Any]) -> Selection:
+    """The selectors, each checked; also checks --repository, which _plan applies later."""
+    import re
+
+    from envbuild.compat import cuda_selector
+    from envbuild.errors import BadInput
+    from envbuild.knowledge import load_knowledge
+    from envbuild.models import Selection
+    from envbuild.references import repository_problem, shown
+
+    for key, example in _SELECTOR_EXAMPLES.items():
+        value = kwargs[key]
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}", value):
+            flag = "--os" if key == "os_name" else "--" + key.replace("_", "-")
+            msg = f"{flag} {shown(value)}: not a plain name or version; give e.g. {example}"
+            raise BadInput(msg)
+    repository = kwargs.get("repository")
+    if repository is not None:
+        problem = repository_problem(repository, load_knowledge().frameworks)
+        if problem is not None:
+            msg = (
+                f"--repository {shown(repository)}: {problem}; "
+                "give e.g. registry.example.com:5000/team/{framework}"
+            )
+            raise BadInput(msg)
+    cuda = kwargs.pop("cuda")
+    selected = None if cuda is None else cuda_selector(cuda)
+    if cuda is not None and selected is None:
+        msg = (
+            f"--cuda {shown(cuda)}: not a CUDA selector; give cpu, a major (12), "
+            "a version (12.1) or a wheel tag (cu121)"
+        )
+        raise BadInput(msg)
+    return Selection(
+        framework=kwargs.pop("framework"),
+        framework_version=kwargs.pop("framework_version"),
+        cuda=selected,
+        python=kwargs.pop("python"),
+        os=kwargs.pop("os_name"),
+    )
+
+
+def plan_from(
+    kwargs: dict[str, Any], *, fleet: Fleet | None = None, newest_only: bool = False
+) -> tuple[Knowledge, Matrix, Plan]:
+    from envbuild.knowledge import load_knowledge
+    from envbuild.matrix import fleet_alternatives, knowledge_matrix, make_plan, require_entries
+    from envbuild.matrix_file import default_matrix_path, load_matrix
+
+    knowledge = load_knowledge()
+    selection = selection_from(kwargs)
+    matrix_file = kwargs.pop("matrix_file")
+    if matrix_file is not None:
+        matrix = load_matrix(matrix_file, knowledge)
+    else:
+        defaults = load_matrix(default_matrix_path(), knowledge)
+        matrix = knowledge_matrix(knowledge, selection, defaults)
+    repository = kwargs.pop("repository")
+    if repository:
+        matrix = dataclasses.replace(matrix, repository=repository)
+    plan = make_plan(knowledge, matrix, selection, fleet=fleet, newest_only=newest_only)
+    try:
+        require_entries(plan, matrix, selection)
+    except SelectionError as exc:
+        if fleet is None:
+            raise
+        msg = f"{exc.message}; {fleet_alternatives(knowledge, selection, fleet)}"
+        raise SelectionError(msg) from exc
+    return knowledge, matrix, plan
+
+
+def fleet_from(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> Fleet | None:
+    import difflib
+    import re
+
+    from envbuild.errors import BadInput
+    from envbuild.gpu_compat import find_gpu, looks_like_cc
+    from envbuild.models import Fleet
+    from envbuild.references import shown
+
+    if driver is None and not gpus:
+        return None
+    # ASCII digits, bounded: `\d` takes other scripts' digits, and 5,000 digits overflow int().
+    if driver is not None and not re.fullmatch(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,2}", driver):
+        msg = (
+            f"--driver {shown(driver)} is not a driver version; give up to three dot-separated "
+            "numbers of at most 6 digits (e.g. 535.104.05)"
+        )
+        raise BadInput(msg)
+    found = []
+    for text in gpus:
+        gpu = find_gpu(knowledge, text) if text.isprintable() and len(text) <= 100 else None
+        if gpu is None and looks_like_cc(text):
+            msg = (
+                f"--gpu {shown(text)} is not a compute capability; give sm_XY or X.Y with "
+                "major X 1-20 and minor Y 0-9 in ASCII digits (e.g. sm_90, 9.0), or a GPU name"
+            )
+            raise BadInput(msg)
+        if gpu is None:
+            close = (
+                difflib.get_close_matches(text, list(knowledge.gpus), n=3, cutoff=0.4)
+                if text.isprintable() and len(text) <= 100
+                else []
+            )
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            msg = (
+                f"--gpu {shown(text)} is not a GPU envbuild knows{hint} "
+                "(or give its compute capability: sm_90 or 9.0)"
+            )
+            raise BadInput(msg)
+        found.append(gpu)
+    return Fleet(driver=driver, gpus=tuple(found))
+
+
+def build_options_from(kwargs: dict[str, Any]) -> Any:
+    """The fetch options, checked (each error names its option) and with links resolved."""
+    from envbuild.models import BuildOptions
+    from envbuild.redact import register_url
+    from envbuild.render import check_options
+
+    options = BuildOptions(
+        base_image=kwargs.pop("base_image", None),
+        ca_bundle=kwargs.pop("ca_bundle", None),
+        wheelhouse=kwargs.pop("wheelhouse", None),
+        index_url=kwargs.pop("index_url", None),
+        extra_index_urls=tuple(kwargs.pop("extra_index_url", ()) or ()),
+        offline=kwargs.pop("offline", False),
+    )
+    for url in (options.index_url, *options.extra_index_urls):
+        register_url(url)  # before any message could show it
+    return check_options(options)
+
+
+def fetch_options(func: F) -> F:
+    """Options that say where a build fetches packages from."""
+    options = [
+        click.option(
+            "--offline", is_flag=True, help="Install only from --wheelhouse; use no index."
+        ),
+        click.option(
+            "--extra-index-url", multiple=True, metavar="URL", help="Extra pip index (repeatable)."
+        ),
+        click.option(
+            "--index-url", metavar="URL", help="pip index to use instead of PyPI (a mirror)."
+        ),
+        click.option(
+            "--wheelhouse", type=click.Path(path_type=Path), help="Folder of wheels pip may use."
+        ),
+        click.option(
+            "--ca-bundle",
+            type=click.Path(path_type=Path),
+            help="CA bundle for a TLS-intercepting proxy or private index.",
+        ),
+        click.option(
+            "--base-image", metavar="REF", help="Base image instead of the entry's default."
+        ),
+    ]
+    for option in options:
+        func = option(func)
+    return func
