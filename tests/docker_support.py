@@ -52,6 +52,15 @@ def _remove_test_images(client: docker.DockerClient) -> None:
                     client.images.remove(tag, force=True)
     for image in client.images.list(filters={"label": TEST_LABEL}):
         client.images.remove(image.id, force=True)
+    # A push leaves the image referenced by its digest in the test registry (127.0.0.1:PORT/...)
+    # after its tags are gone; such an image would stay on the shared disk.
+    for image in client.images.list():
+        references = [*image.tags, *(image.attrs.get("RepoDigests") or [])]
+        if references and all(r.startswith(("127.0.0.1:", "localhost:")) for r in references):
+            try:
+                client.images.remove(image.id, force=True)
+            except docker.errors.APIError as exc:
+                print(f"could not remove test image {image.short_id}: {exc}")
     client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=builder"})
 
 
