@@ -16,6 +16,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from tests.docker_support import torch_cpu_args
+
 DOCKERD_LOG = Path("/var/log/envbuild-dockerd.log")
 DOCKERD_PID = Path("/var/run/docker.pid")
 
@@ -64,13 +66,26 @@ def leftovers(docker_client: docker.DockerClient, since: float) -> list[str]:
     found = []
     for container in docker_client.containers.list(all=True):
         created = str(container.attrs.get("Created", ""))
-        if created and _epoch(created) >= since - 2:
+        if created and epoch(created) >= since - 2:
             found.append(f"{container.short_id} {container.name} {container.status}")
     return found
 
 
-def _epoch(text: str) -> float:
+def epoch(text: object) -> float:
+    """Epoch seconds of the engine's `Created` time stamp."""
+    text = str(text)
     return datetime.fromisoformat(text.rstrip("Z").split(".")[0]).replace(tzinfo=UTC).timestamp()
+
+
+def isolated_build(
+    base_image: str, wheelhouse: Path, ca_bundle: Path, tmp_path: Path, repository: str
+) -> tuple[list[str], dict[str, str], Path]:
+    """The torch CPU build into `repository`, with its own cache and data dirs: (args, env, log)."""
+    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, tmp_path / "r.json")
+    args[args.index("--repository") + 1] = repository
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    log = tmp_path / "cache" / "envbuild" / "logs" / "torch2.13.0-cpu-py3.11-bookworm.log"
+    return args, env, log
 
 
 def scratch(pid: int) -> list[Path]:

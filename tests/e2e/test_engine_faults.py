@@ -13,8 +13,16 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import TORCH_CPU_IMAGE, envbuild, torch_cpu_args
-from tests.fault_support import kill_engine, restart_engine, rows, scratch, start, wait_for
+from tests.docker_support import TORCH_CPU_IMAGE, envbuild
+from tests.fault_support import (
+    isolated_build,
+    kill_engine,
+    restart_engine,
+    rows,
+    scratch,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -49,12 +57,10 @@ def test_engine_killed_mid_build(
     ca_bundle: Path,
     tmp_path: Path,
 ) -> None:
-    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, tmp_path / "r.json")
-    args[args.index("--repository") + 1] = REPOSITORY
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
-    log = tmp_path / "cache" / "envbuild" / "logs" / "torch2.13.0-cpu-py3.11-bookworm.log"
+    args, env, log = isolated_build(base_image, wheelhouse, ca_bundle, tmp_path, REPOSITORY)
     # No --no-cache needed: the install step is never cached for a build with an index password.
     process = start([*args, "--no-smoke"], env)
+
     def installing() -> bool:
         text = log.read_text() if log.exists() else ""
         return "Running in" in text[text.find("pip install") :] if "pip install" in text else False

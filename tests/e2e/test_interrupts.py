@@ -11,8 +11,8 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import TORCH_CPU_IMAGE, envbuild, torch_cpu_args
-from tests.fault_support import finish, leftovers, rows, scratch, start, wait_for
+from tests.docker_support import TORCH_CPU_IMAGE, envbuild
+from tests.fault_support import finish, isolated_build, leftovers, rows, scratch, start, wait_for
 from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
@@ -28,10 +28,9 @@ def test_sigterm_mid_build_leaves_nothing_and_the_rerun_builds(
     ca_bundle: Path,
     tmp_path: Path,
 ) -> None:
-    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, tmp_path / "r.json")
-    args[args.index("--repository") + 1] = INTERRUPTED_REPOSITORY
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
-    log = tmp_path / "cache" / "envbuild" / "logs" / "torch2.13.0-cpu-py3.11-bookworm.log"
+    args, env, log = isolated_build(
+        base_image, wheelhouse, ca_bundle, tmp_path, INTERRUPTED_REPOSITORY
+    )
     since = time.time()
     # No --no-cache needed: the install step is never cached for a build with an index password.
     process = start([*args, "--no-smoke"], env)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
 
 from tests.docker_support import envbuild, torch_cpu_args
+from tests.fault_support import epoch
 
 pytestmark = pytest.mark.e2e
 
@@ -54,13 +53,8 @@ def test_no_output_of_a_failed_build_holds_the_index_password(
     assert json.loads(report.read_text())["results"][0]["status"] == "failed"
     for image in docker_client.images.list(all=True):
         created = image.attrs.get("Created", "")
-        if created and _epoch(created) >= started - 5:
+        if created and epoch(created) >= started - 5:
             outputs[f"image {image.id}"] = json.dumps([image.history(), image.attrs])
     leaked = [(where, n) for where, text in outputs.items() for n in needles if n in text]
     assert leaked == []
     assert len(outputs) >= 5
-
-
-def _epoch(created: Any) -> float:
-    text = str(created).rstrip("Z").split(".")[0]
-    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
