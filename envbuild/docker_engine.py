@@ -22,6 +22,7 @@ from envbuild.engine import EngineInfo, ImageInfo, RunResult
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
 from envbuild.interrupt import RUN_LABEL, run_id
 from envbuild.models import BaseProbe
+from envbuild.references import split_tag
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,8 @@ class DockerEngine:
 
     def tag(self, image_id: str, ref: str) -> None:
         """Point `ref` (repo:tag) at the image."""
-        repository, _, tag = ref.rpartition(":")
-        if not repository or "/" in tag:
-            repository, tag = ref, "latest"
-        self._client.images.get(image_id).tag(repository, tag)
+        repository, tag = split_tag(ref)
+        self._client.images.get(image_id).tag(repository, tag or "latest")
 
     def build(
         self,
@@ -142,9 +141,9 @@ class DockerEngine:
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
         """Import a root filesystem tarball as image `ref`; return its id."""
-        repository, _, tag = ref.rpartition(":")
+        repository, tag = split_tag(ref)
         result = self._client.api.import_image_from_stream(
-            tar_stream, repository=repository, tag=tag, changes=changes
+            tar_stream, repository=repository, tag=tag or "latest", changes=changes
         )
         text = result if isinstance(result, str) else json.dumps(result)
         image = self.image(ref)
@@ -162,7 +161,8 @@ class DockerEngine:
         on_line: Callable[[str], None],
     ) -> str:
         """Tag the image as `ref` (repo:tag), push it, drop the local tag; return the pushed digest."""
-        repository, _, tag = ref.rpartition(":")
+        repository, tag = split_tag(ref)
+        tag = tag or "latest"
         self.tag(image_id, ref)
         digest: str | None = None
         try:

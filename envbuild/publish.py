@@ -22,6 +22,7 @@ from envbuild.http_limits import printable
 from envbuild.knowledge import cuda_tag
 from envbuild.matrix import newest_per_framework
 from envbuild.models import Entry
+from envbuild.references import split_tag
 from envbuild.registry import RegistryClient, parse_reference
 from envbuild.store import ResultStore
 
@@ -96,8 +97,9 @@ def candidate(
                 "with the same selectors to restore the tag"
             )
             raise NotOurs(msg)
-    path, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
-    name = path.rsplit("/", 1)[-1] if path else ref
+    path, tag = split_tag(ref)
+    tag = tag or "latest"
+    name = path.rsplit("/", 1)[-1]
     if ref.startswith("sha256:"):
         name, tag = image.labels.get(label_keys.FRAMEWORK, "image"), image.id[7:19]
     return Candidate(

@@ -67,6 +67,16 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+def split_tag(reference: str) -> tuple[str, str | None]:
+    """NAME[:TAG][@DIGEST] → (NAME, TAG); TAG is None when there is none. A registry port's
+    colon (host:5000/team/x) is no tag: only a colon after the last / starts one."""
+    name = reference.partition("@")[0]
+    colon = name.rfind(":")
+    if colon > name.rfind("/"):
+        return name[:colon], name[colon + 1 :]
+    return name, None
+
+
 def image_reference_problem(reference: str) -> str | None:
     """What makes `reference` no image reference (NAME[:TAG][@DIGEST] or sha256:<64 hex>)."""
     if _IMAGE_ID.fullmatch(reference):
@@ -74,16 +84,12 @@ def image_reference_problem(reference: str) -> str | None:
     name, at, digest = reference.partition("@")
     if at and not _DIGEST.fullmatch(digest):
         return f"{shown(digest)} is not a digest (sha256:<64 lowercase hex>)"
-    tag = ""
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    if colon > slash:
-        name, tag = name[:colon], name[colon + 1 :]
-        if not _TAG.fullmatch(tag):
-            return (
-                f"tag {shown(tag)} is not valid; use at most 128 letters, digits, _ . or -, "
-                "not starting with . or -"
-            )
+    name, tag = split_tag(name)
+    if tag is not None and not _TAG.fullmatch(tag):
+        return (
+            f"tag {shown(tag)} is not valid; use at most 128 letters, digits, _ . or -, "
+            "not starting with . or -"
+        )
     return name_problem(name)
 
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from envbuild.http_limits import is_loopback
+from envbuild.references import split_tag
 from envbuild.registry.errors import BadReference
 
 # Docker's reference grammar (distribution/reference), without the Docker Hub defaults.
@@ -55,13 +56,10 @@ def parse_reference(text: str) -> RegistryRef:
     if not _HOST.fullmatch(host):
         msg = f"image reference {text!r}: {host!r} is not a registry host[:port]"
         raise BadReference(msg)
-    repository, tag = path, ""
-    last = path.rsplit("/", 1)[-1]
-    if ":" in last:
-        repository, _, tag = path.rpartition(":")
-        if not _TAG.fullmatch(tag):
-            msg = f"image reference {text!r}: {tag!r} is not a valid tag"
-            raise BadReference(msg)
+    repository, tag = split_tag(path)
+    if tag is not None and not _TAG.fullmatch(tag):
+        msg = f"image reference {text!r}: {tag!r} is not a valid tag"
+        raise BadReference(msg)
     components = repository.split("/")
     if not all(_PATH_COMPONENT.fullmatch(c) for c in components):
         msg = (
