@@ -294,6 +294,26 @@ def record_allreduce(ar: dict[str, Any], errors: list[str], *, correct: bool, go
         )
 
 
+def finish_allreduce(
+    ar: dict[str, Any],
+    errors: list[str],
+    versions: dict[str, Any],
+    *,
+    backend: str,
+    seconds: float,
+    first: tuple[bool, Any],
+    last: tuple[bool, Any],
+) -> None:
+    """Close an all-reduce section: bandwidth, NCCL's version from the loaded library when the
+    framework did not say, and the verdict of the first and the repeated sums (the first wrong
+    one is what is shown)."""
+    record_bandwidth(ar, seconds)
+    if backend == "nccl" and versions.get("nccl") is None:
+        versions["nccl"] = loaded_nccl_version()
+    (correct1, got1), (correct2, got2) = first, last
+    record_allreduce(ar, errors, correct=correct1 and correct2, got=got2 if correct1 else got1)
+
+
 # --------------------------------------------------------------------------
 # the document and the run
 

@@ -262,12 +262,10 @@ def run_allreduce(tf, ar, errors, versions):
     # correctness again after the collective has been used repeatedly
     correct2, got2 = check(allreduce(ones))
 
-    harness.record_bandwidth(ar, seconds)
-    if backend == "nccl" and versions.get("nccl") is None:
-        versions["nccl"] = harness.loaded_nccl_version()
-    harness.record_allreduce(
-        ar, errors, correct=correct1 and correct2, got=got2 if correct1 else got1
-    )
+    harness.finish_allreduce(
+        ar, errors, versions, backend=backend, seconds=seconds,
+        first=(correct1, got1), last=(correct2, got2),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------

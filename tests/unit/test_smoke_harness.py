@@ -336,6 +336,30 @@ def test_allreduce_bandwidth_and_verdict_follow_nccl_tests() -> None:
     assert errors == ["allreduce: wrong result: expected 10.0 everywhere, got 7.0"]
 
 
+@pytest.mark.parametrize(
+    ("first", "last", "verdict", "shown"),
+    [
+        ((True, 2.0), (True, 2.0), True, 2.0),
+        ((False, 3.0), (True, 2.0), False, 3.0),  # the first wrong sum is the one shown
+        ((True, 2.0), (False, 5.0), False, 5.0),
+    ],
+)
+def test_finish_allreduce_judges_both_sums(
+    first: tuple[bool, float], last: tuple[bool, float], verdict: bool, shown: float
+) -> None:
+    ar = harness.standard_parts()["allreduce"]
+    harness.plan_allreduce(ar, "gloo", gpu=False)
+    harness.allreduce_world(ar, 2)
+    errors: list[str] = []
+    versions: dict[str, object] = {}
+    harness.finish_allreduce(
+        ar, errors, versions, backend="gloo", seconds=0.5, first=first, last=last
+    )
+    assert (ar["correct"], ar["got"], bool(errors)) == (verdict, shown, not verdict)
+    assert ar["seconds"] == 0.5
+    assert "nccl" not in versions  # gloo: no NCCL version is looked for
+
+
 # --------------------------------------------------------------------------
 # the injected layout, as a subprocess
 
