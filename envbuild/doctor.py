@@ -29,7 +29,7 @@ class GpuInfo:
 
     index: int
     name: str
-    memory_bytes: int
+    memory_bytes: int | None  # None: the driver did not say (unified-memory parts report [N/A])
     cc: str
 
     def as_dict(self) -> dict[str, Any]:
@@ -37,7 +37,7 @@ class GpuInfo:
         return {
             "index": self.index,
             "name": self.name,
-            "memory_gb": round(self.memory_bytes / 1e9, 1),
+            "memory_gb": None if self.memory_bytes is None else round(self.memory_bytes / 1e9, 1),
             "compute_capability": self.cc,
         }
 
@@ -110,23 +110,32 @@ def _smi() -> GpuProbe | None:
             method="nvidia-smi",
             note=f"nvidia-smi: {note[0] if note else result.returncode}",
         )
-    gpus, driver = [], None
-    for line in result.stdout.strip().splitlines():
-        index, name, memory_mib, cc, driver = (part.strip() for part in line.split(","))
-        gpus.append(
-            GpuInfo(
-                index=int(index),
-                name=name,
-                memory_bytes=int(float(memory_mib)) * 1024 * 1024,
-                cc=cc,
-            )
-        )
-    return GpuProbe(
-        driver=driver,
-        gpus=tuple(gpus),
-        method="nvidia-smi",
-        note=f"{len(gpus)} GPU(s) via nvidia-smi",
-    )
+    gpus, driver, skipped = parse_smi(result.stdout)
+    said = f"{len(gpus)} GPU(s) via nvidia-smi"
+    if skipped:
+        said += f"; {skipped} line(s) of its output not understood"
+    return GpuProbe(driver=driver, gpus=gpus, method="nvidia-smi", note=said)
+
+
+def parse_smi(output: str) -> tuple[tuple[GpuInfo, ...], str | None, int]:
+    """nvidia-smi's `index, name, memory.total, compute_cap, driver_version` CSV lines: the GPUs,
+    the driver, and how many lines could not be read. A name may hold commas; a memory of
+    [N/A] (unified-memory parts) is None."""
+    gpus: list[GpuInfo] = []
+    driver, skipped = None, 0
+    for line in output.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 5 or not parts[0].isdigit():
+            skipped += 1
+            continue
+        index, name, (memory_mib, cc, version) = parts[0], ", ".join(parts[1:-3]), parts[-3:]
+        try:
+            memory = int(float(memory_mib) * 1024 * 1024)
+        except ValueError:
+            memory = None
+        driver = version or driver
+        gpus.append(GpuInfo(index=int(index), name=name, memory_bytes=memory, cc=cc))
+    return tuple(gpus), driver, skipped
 
 
 class _Memory(ctypes.Structure):
@@ -243,7 +252,7 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
     warnings = [
         f"GPU {g.index} ({g.name}) has {g.memory_bytes / 1e9:.1f} GB: below the {MIN_GPU_MEMORY_GB} GB floor for training"
         for g in gpu.gpus
-        if g.memory_bytes < MIN_GPU_MEMORY_GB * 1e9
+        if g.memory_bytes is not None and g.memory_bytes < MIN_GPU_MEMORY_GB * 1e9
     ]
     if gpu.gpus and engine_report.get("reachable") and not engine_report.get("nvidia_runtime"):
         warnings.append(
@@ -304,7 +313,7 @@ def report_lines(report: HostReport) -> list[str]:
     if report.gpu.gpus:
         lines.append(f"  driver {report.gpu.driver} ({report.gpu.note})")
         lines += [
-            f"  GPU {g.index}: {g.name}, {g.memory_bytes / 1e9:.1f} GB, compute capability {g.cc}"
+            f"  GPU {g.index}: {g.name}, {_gb(g.memory_bytes)}, compute capability {g.cc}"
             for g in report.gpu.gpus
         ]
         newest = report.newest_cuda

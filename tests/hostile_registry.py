@@ -3,7 +3,8 @@
 `HostileRegistry(handler)` listens on a free port (stdlib http.server in a thread) and answers
 every request with what `handler(seen)` returns: an `Answer` (status, headers, body as bytes or
 chunks, a pause between chunks, a lying or missing Content-Length, or no answer at all). Every
-request is recorded with its headers, so a test can check which server saw which credentials.
+request is recorded with its headers and body, so a test can check which server saw which
+credentials, and a handler can store what a client uploads.
 
 `Published` is a small valid image with envbuild evidence attached (image manifest, config,
 evidence artifact, smoke report, package list); `Published.routes()` serves it the way the OCI
@@ -49,6 +50,7 @@ class Seen:
     method: str
     path: str  # with the query
     headers: dict[str, str]
+    body: bytes = field(default=b"", repr=False)  # what a PUT or POST sent (Content-Length)
 
     @property
     def authorization(self) -> str | None:
@@ -90,15 +92,17 @@ class HostileRegistry:
 
         class Handle(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in separate writes: with Nagle's algorithm the body
+            # waits for the client's delayed ACK, 40 ms on every kept-alive answer.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                seen = Seen(self.command, self.path, dict(self.headers.items()))
+                body = self.rfile.read(length) if length else b""
+                seen = Seen(self.command, self.path, dict(self.headers.items()), body)
                 with owner._lock:
                     owner.seen.append(seen)
                 owner._answer(self, owner.handler(seen))
