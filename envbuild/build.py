@@ -12,6 +12,7 @@ from pathlib import Path
 
 from envbuild import __version__
 from envbuild import labels as label_keys
+from envbuild.build_server import serve_build
 from envbuild.engine import Engine, ImageInfo
 from envbuild.errors import BadInput, BuildFailed
 from envbuild.interrupt import scratch_prefix
@@ -22,14 +23,16 @@ from envbuild.models import (
     BuiltImage,
     Entry,
     Knowledge,
+    Lock,
 )
-from envbuild.redact import redact, url_passwords
+from envbuild.redact import redact
 from envbuild.render import render_entry, write_context
 from envbuild.store import ResultStore
 
 log = logging.getLogger(__name__)
 
-BUILDER_LABEL = f"{label_keys.STAGE}=builder"  # set by the Dockerfile's builder stage
+# The build argument that carries the build server's URL to the install RUN (install.j2).
+SERVE_ARG = "ENVBUILD_SERVE"
 
 
 def log_dir() -> Path:
@@ -69,16 +72,18 @@ def prepare(
     knowledge: Knowledge,
     entry: Entry,
     options: BuildOptions,
-    probes: dict[str, BaseProbe] | None = None,
+    probes: dict[str, BaseProbe] | None,
+    lock: Lock,
 ) -> BuildContext:
-    """Probe the base image (once per reference in `probes`), check it fits, render the context."""
+    """Probe the base image (once per reference in `probes`), check it fits, render the context
+    that installs `lock`."""
     base_ref = options.base_image or entry.base_image
     probes = {} if probes is None else probes
     if base_ref not in probes:
         probes[base_ref] = engine.probe_base(base_ref)
     probe = probes[base_ref]
     check_base(knowledge, entry, probe)
-    return render_entry(entry, options, probe)
+    return render_entry(entry, options, probe, lock)
 
 
 def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:
@@ -94,21 +99,6 @@ def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> 
     if image is None or image.labels.get(label_keys.CONTENT_HASH) != context.content_hash:
         return None
     return image
-
-
-def _drop_secret_cache(engine: Engine, context: BuildContext, since: float) -> None:
-    """Remove the builder stage's cached images whose history holds an index password.
-
-    The classic builder writes build arguments into the history of each RUN step; the final
-    image never has them (it copies /opt/venv only), but the builder stage's cache would keep
-    them on the host. Builds with credentials therefore do not reuse the builder-stage cache.
-    """
-    secrets = [p for value in context.build_args.values() for p in url_passwords(value)]
-    if secrets:
-        removed = engine.remove_images_holding(secrets, label=BUILDER_LABEL, since=since)
-        log.info(
-            "%s: removed %d cached builder images that held credentials", context.entry.id, removed
-        )
 
 
 def build_entry(
@@ -154,29 +144,30 @@ def build_entry(
         tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp,
         log_path.open("w", encoding="utf-8", buffering=1) as log_file,
     ):
-        write_context(context, Path(tmp), link_wheels=True)
+        write_context(context, Path(tmp))
 
         def record(line: str) -> None:
             line = redact(line)
             log_file.write(line + "\n")
             on_line(line)
 
-        started = time.time()
+        network = not context.offline
         try:
-            image_id = engine.build(
-                Path(tmp),
-                tag=entry.image,
-                labels=labels,
-                build_args=context.build_args,
-                on_line=record,
-                network=not context.offline,
-                no_cache=no_cache,
-            )
+            # The server lives exactly as long as the build: its URL, kept in the image
+            # history by the classic builder, names a closed port afterwards.
+            with serve_build(engine.bridge_gateway(network=network), context.served) as url:
+                image_id = engine.build(
+                    Path(tmp),
+                    tag=entry.image,
+                    labels=labels,
+                    build_args={**context.build_args, SERVE_ARG: url},
+                    on_line=record,
+                    network=network,
+                    no_cache=no_cache,
+                )
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
-        finally:
-            _drop_secret_cache(engine, context, started)
     store.record_built(context.content_hash, entry.id, entry.image, image_id)
     return BuiltImage(
         entry=entry,

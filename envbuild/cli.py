@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from envbuild import __version__
+from envbuild.cli_lock import lock, locked_option, locks_for
 from envbuild.cli_maintenance import base, knowledge
 from envbuild.cli_options import (
     build_options_from,
     fetch_options,
     fleet_from,
+    package_options,
     plan_from,
     reports_errors,
     selectors,
@@ -54,6 +56,8 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @selectors
+@package_options
+@fetch_options
 @click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
 @click.option(
     "--gpu",
@@ -68,16 +72,22 @@ def main(verbose: bool) -> None:
 )
 @reports_errors
 def plan(driver: str | None, gpus: tuple[str, ...], explain: bool, fmt: str, **kwargs: Any) -> None:
-    """Show what would be built, and what cannot be and why."""
+    """Show what would be built, and what cannot be and why; and each entry's lock state."""
+    from envbuild.cli_lock import lock_summary, plan_locks_document, plan_with_locks
     from envbuild.knowledge import load_knowledge
     from envbuild.report import plan_document, plan_table
 
     fleet = fleet_from(load_knowledge(), driver, gpus)
-    _, _, result = plan_from(kwargs, fleet=fleet)
+    options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
+    known, _, result = plan_from(kwargs, fleet=fleet)
+    result, states = plan_with_locks(result, options, matrix_path, known)
     if fmt == "json":
-        click.echo(json.dumps(plan_document(result, explain=explain), indent=2))
+        document = plan_locks_document(plan_document(result, explain=explain), states)
+        click.echo(json.dumps(document, indent=2))
     else:
-        click.echo("\n".join(plan_table(result, explain=explain)))
+        click.echo(
+            "\n".join([*plan_table(result, explain=explain), *lock_summary(states, matrix_path)])
+        )
 
 
 @main.command("ci-matrix")
@@ -96,7 +106,9 @@ def ci_matrix(**kwargs: Any) -> None:
 
 @main.command()
 @selectors
+@package_options
 @fetch_options
+@locked_option
 @click.option(
     "-o",
     "--output",
@@ -105,7 +117,7 @@ def ci_matrix(**kwargs: Any) -> None:
     help="Folder to write one build context per entry into.",
 )
 @reports_errors
-def render(output: Path, **kwargs: Any) -> None:
+def render(output: Path, locked: bool, **kwargs: Any) -> None:
     """Write each entry's Dockerfile and build context for review (no Docker needed).
 
     Files are copies (editing them changes no original); links found under the output folder
@@ -115,8 +127,9 @@ def render(output: Path, **kwargs: Any) -> None:
     from envbuild.references import shown
     from envbuild.render import render_entry, write_context
 
-    options = build_options_from(kwargs)
-    _, _, result = plan_from(kwargs, newest_only=False)
+    options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
+    known, _, result = plan_from(kwargs, newest_only=False)
+    locks = locks_for(result.entries, options, matrix_path, known, locked=locked)
     where = f"-o {shown(str(output))}"
     try:
         if output.exists() and not output.is_dir():
@@ -128,7 +141,7 @@ def render(output: Path, **kwargs: Any) -> None:
         msg = f"{where}: cannot make the folder ({reason}); pass a writable folder"
         raise BadInput(msg) from exc
     for entry in result.entries:
-        context = render_entry(entry, options)
+        context = render_entry(entry, options, None, locks[entry.id])
         try:
             directory = write_context(context, output, entry.id)
         except OSError as exc:
@@ -142,7 +155,9 @@ def render(output: Path, **kwargs: Any) -> None:
 
 @main.command()
 @selectors
+@package_options
 @fetch_options
+@locked_option
 @click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")
 @click.option(
     "--gpus",
@@ -178,7 +193,8 @@ def render(output: Path, **kwargs: Any) -> None:
 @reports_errors
 def build(
     no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
-    junit_file: Path | None, push_registry: str | None, no_cache: bool, **kwargs: Any,
+    junit_file: Path | None, push_registry: str | None, no_cache: bool, locked: bool,
+    **kwargs: Any,
 ) -> None:  # fmt: skip
     """Build images for the selected entries, then smoke-test them.
 
@@ -191,11 +207,13 @@ def build(
     from envbuild.report import append_step_summary, write_build_reports
     from envbuild.store import ResultStore
 
-    options = build_options_from(kwargs)
+    options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     knowledge, _, result = plan_from(kwargs, newest_only=True)
+    locks = locks_for(result.entries, options, matrix_path, knowledge, locked=locked)
     run = RunOptions(
-        jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache
-    )
+        jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
+        push_registry=None if no_smoke else push_registry,
+    )  # fmt: skip
     with ProgressView([e.id for e in result.entries]) as view:
         results = run_entries(
             knowledge,
@@ -204,6 +222,7 @@ def build(
             run,
             store=ResultStore.default(),
             on_event=view.event,
+            locks=locks,
         )
     click.echo("\n".join(view.summary(results)), err=True)
     write_build_reports(results, json_file=report_file, junit_file=junit_file)
@@ -220,9 +239,9 @@ def build(
                 err=True,
             )
         else:
-            _publish_entries(
-                [r.entry for r in results if r.passed], push_registry, report_file=None
-            )
+            fresh = [r.entry for r in results if r.passed and r.published is None]
+            if fresh:
+                _publish_entries(fresh, push_registry, report_file=None)
     if not all(r.passed for r in results):
         sys.exit(EXIT_FAILED)
 
@@ -323,7 +342,7 @@ def verify(reference: str, as_json: bool) -> None:
     ENVBUILD_REGISTRY_TIMEOUT bounds the whole check (seconds, default 120).
     """
     from envbuild.http_limits import printable
-    from envbuild.publish import verify_reference
+    from envbuild.published import verify_reference
 
     found = verify_reference(reference)
     packages = [line for line in found.packages.splitlines() if line and not line.startswith("#")]
@@ -419,3 +438,4 @@ def doctor(matrix_file: Path | None, as_json: bool) -> None:
 
 main.add_command(knowledge)
 main.add_command(base)
+main.add_command(lock)

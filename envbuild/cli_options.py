@@ -162,7 +162,10 @@ def plan_from(
     repository = kwargs.pop("repository")
     if repository:
         matrix = dataclasses.replace(matrix, repository=repository)
-    plan = make_plan(knowledge, matrix, selection, fleet=fleet, newest_only=newest_only)
+    packages = packages_from(kwargs, knowledge, matrix, selection)
+    plan = make_plan(
+        knowledge, matrix, selection, fleet=fleet, newest_only=newest_only, packages=packages
+    )
     try:
         require_entries(plan, matrix, selection)
     except SelectionError as exc:
@@ -171,6 +174,49 @@ def plan_from(
         msg = f"{exc.message}; {fleet_alternatives(knowledge, selection, fleet)}"
         raise SelectionError(msg) from exc
     return knowledge, matrix, plan
+
+
+def packages_from(
+    kwargs: dict[str, Any], knowledge: Knowledge, matrix: Matrix, selection: Selection
+) -> tuple[str, ...]:
+    """-p and -r, checked and normalized (none for commands without them)."""
+    from envbuild.packages import check_packages, framework_packages, read_requirements
+
+    given = tuple(kwargs.pop("packages", ()) or ())
+    files = tuple(kwargs.pop("requirements", ()) or ())
+    if selection.framework is not None:
+        frameworks = {selection.framework}
+    else:
+        frameworks = {*matrix.axes["framework"], *(p["framework"] for p in matrix.include)}
+    names = framework_packages(knowledge, frameworks)
+    found = check_packages(given, "-p/--package", names)
+    for path in files:
+        found += read_requirements(path, "-r/--requirements", names)
+    return tuple(sorted(set(found)))
+
+
+def package_options(func: F) -> F:
+    """The team's packages, added to every selected entry (and so to its lock)."""
+    options = [
+        click.option(
+            "-r",
+            "--requirements",
+            multiple=True,
+            type=click.Path(path_type=Path),
+            help="Requirements file (requirement lines and # comments only); repeatable.",
+        ),
+        click.option(
+            "-p",
+            "--package",
+            "packages",
+            multiple=True,
+            metavar="REQ",
+            help="Package to add to every entry, e.g. 'transformers>=4.40' (repeatable).",
+        ),
+    ]
+    for option in options:
+        func = option(func)
+    return func
 
 
 def fleet_from(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> Fleet | None:

@@ -21,10 +21,14 @@ from docker.types import DeviceRequest
 from envbuild.engine import EngineInfo, ImageInfo, RunResult
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
 from envbuild.interrupt import RUN_LABEL, run_id
+from envbuild.labels import INSTALL_STAGE, STAGE
 from envbuild.models import BaseProbe
 from envbuild.references import split_tag
 
 log = logging.getLogger(__name__)
+
+# The build network of --offline builds (`_offline_network`).
+OFFLINE_NETWORK = "envbuild-offline"
 
 _PROBE_SCRIPT = (
     '. /etc/os-release 2>/dev/null; echo "os=${ID:-unknown} ${VERSION_CODENAME:-unknown}"; '
@@ -113,7 +117,7 @@ class DockerEngine:
                 forcerm=True,
                 pull=False,
                 decode=True,
-                network_mode=None if network else "none",
+                network_mode=None if network else self._offline_network(),
                 target=target,
                 nocache=no_cache,
             )
@@ -133,11 +137,52 @@ class DockerEngine:
             msg = f"the engine refused the build: {_short(exc)}"
             raise BuildFailed(msg) from exc
         except _LOST as exc:
-            msg = f"lost the Docker engine during the build: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
+            raise _lost(exc, "during the build") from exc
         if image_id is None:
             raise BuildFailed(_build_error("the engine reported no image id", last_lines))
         return image_id
+
+    def bridge_gateway(self, *, network: bool = True) -> str:
+        """The gateway of the default bridge, or (network=False) of envbuild's internal network,
+        made if missing: the host address a build's RUN steps can reach."""
+        name = "bridge" if network else self._offline_network()
+        try:
+            attrs = self._client.networks.get(name).attrs
+        except docker.errors.DockerException as exc:
+            msg = f"cannot inspect the Docker network {name!r}: {_short(exc)}"
+            raise BuildFailed(msg) from exc
+        except _LOST as exc:
+            raise _lost(exc) from exc
+        for config in (attrs.get("IPAM") or {}).get("Config") or []:
+            gateway = str(config.get("Gateway") or "")
+            if gateway and ":" not in gateway:
+                return gateway
+        msg = (
+            f"the Docker network {name!r} has no IPv4 gateway; envbuild serves a build's files "
+            "there: check dockerd's --bip/--bridge settings"
+        )
+        raise BuildFailed(msg)
+
+    def _offline_network(self) -> str:
+        """envbuild's internal bridge network: an --offline build reaches the host's gateway
+        address (envbuild's build server) and nothing beyond the host. Made if missing."""
+        try:
+            found = self._client.networks.list(names=[OFFLINE_NETWORK])
+            if not any(n.name == OFFLINE_NETWORK for n in found):
+                try:
+                    self._client.networks.create(
+                        OFFLINE_NETWORK, driver="bridge", internal=True,
+                        labels={"org.envbuild.network": "offline"},
+                    )  # fmt: skip
+                except docker.errors.APIError as exc:
+                    if exc.status_code != 409:  # 409: another run made it first
+                        raise
+        except docker.errors.DockerException as exc:
+            msg = f"cannot make the offline build network {OFFLINE_NETWORK!r}: {_short(exc)}"
+            raise BuildFailed(msg) from exc
+        except _LOST as exc:
+            raise _lost(exc) from exc
+        return OFFLINE_NETWORK
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
         """Import a root filesystem tarball as image `ref`; return its id."""
@@ -182,8 +227,7 @@ class DockerEngine:
             msg = f"push of {ref} failed: {_short(exc)}"
             raise EnvbuildError(msg) from exc
         except _LOST as exc:
-            msg = f"lost the Docker engine while pushing {ref}: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
+            raise _lost(exc, f"while pushing {ref}") from exc
         finally:
             image = self.image(image_id)
             if image is not None and any(t != ref for t in image.tags):  # never drop the last tag
@@ -279,8 +323,7 @@ class DockerEngine:
             msg = f"the engine could not run {image}: {_short(exc)}"
             raise EnvbuildError(msg) from exc
         except _LOST as exc:
-            msg = f"lost the Docker engine while running {image}: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
+            raise _lost(exc, f"while running {image}") from exc
         finally:
             if container is not None:
                 try:
@@ -292,14 +335,14 @@ class DockerEngine:
         try:
             self._client.ping()
         except _LOST_OR_REFUSED as exc:
-            msg = f"lost the Docker engine during {doing}: {_short(exc)}; {_RESTART}"
-            raise EngineUnavailable(msg) from exc
+            raise _lost(exc, f"during {doing}") from exc
 
     def remove_leftovers(self) -> int:
         """Remove stopped containers that only a dead run leaves: envbuild's smoke containers and
-        the builder stage's, kept by an engine that died mid-build; return how many."""
+        the install step's (and the builder stage's of older envbuild versions), kept by an
+        engine that died mid-build; return how many."""
         removed = 0
-        for label in ("org.envbuild.role=smoke", "org.envbuild.stage=builder"):
+        for label in ("org.envbuild.role=smoke", INSTALL_STAGE, f"{STAGE}=builder"):
             for status in ("exited", "dead", "created"):
                 filters: dict[str, str | list[str] | bool] = {"label": label, "status": status}
                 for container in self._client.containers.list(all=True, filters=filters):
@@ -314,38 +357,6 @@ class DockerEngine:
                         )
         if removed:
             log.info("removed %d containers left by an earlier run that died", removed)
-        return removed
-
-    def remove_images_holding(self, secrets: list[str], *, label: str, since: float) -> int:
-        """Remove the images labelled `label`, made since `since` (epoch seconds), whose history
-        holds one of `secrets` (the classic builder writes build arguments into the history of
-        every RUN step); return how many."""
-        removed = 0
-        try:
-            images = self._client.images.list(all=True, filters={"label": label})
-            doomed = [
-                image
-                for image in images
-                if _created_at(image.attrs.get("Created")) >= since - 5
-                and any(secret in json.dumps(image.history()) for secret in secrets)
-            ]
-            for _ in range(len(doomed)):  # a parent goes only once its children are gone
-                left = []
-                for image in doomed:
-                    try:
-                        self._client.images.remove(str(image.id), force=True)
-                        removed += 1
-                    except docker.errors.ImageNotFound:
-                        removed += 1  # pruned with a child removed before it
-                    except docker.errors.APIError:
-                        left.append(image)
-                doomed = left
-                if not doomed:
-                    break
-            if doomed:
-                log.warning("could not remove %d cached images holding credentials", len(doomed))
-        except _LOST as exc:
-            log.warning("could not look for cached images holding credentials: %s", _short(exc))
         return removed
 
     def remove_run_containers(self, run: str) -> int:
@@ -402,6 +413,12 @@ def _tar_of(path: str, data: bytes) -> bytes:
         info.mtime = int(time.time())
         archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def _lost(exc: BaseException, doing: str = "") -> EngineUnavailable:
+    """The one-line error for an engine that went away mid-call."""
+    during = f" {doing}" if doing else ""
+    return EngineUnavailable(f"lost the Docker engine{during}: {_short(exc)}; {_RESTART}")
 
 
 def _short(exc: BaseException) -> str:

@@ -76,7 +76,10 @@ class Engine(Protocol):
         target: str | None = None,
         no_cache: bool = False,
     ) -> str:
-        """Build the context, streaming every output line; return the image id (BuildFailed)."""
+        """Build the context, streaming every output line; return the image id (BuildFailed).
+
+        network=False: the RUN steps reach the host (`bridge_gateway(network=False)`) and
+        nothing beyond it."""
         ...
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
@@ -116,8 +119,9 @@ class Engine(Protocol):
         """Remove the stopped containers a dead earlier run left; return how many."""
         ...
 
-    def remove_images_holding(self, secrets: list[str], *, label: str, since: float) -> int:
-        """Remove images labelled `label`, made since `since`, whose history holds a secret."""
+    def bridge_gateway(self, *, network: bool = True) -> str:
+        """The host address a build's RUN steps reach: the default bridge's gateway, or with
+        network=False that of the build network with no route off the host."""
         ...
 
     def remove_run_containers(self, run: str) -> int:

@@ -92,7 +92,11 @@ def _load_cudnn(path: Path) -> tuple[dict[str, tuple[tuple[str, str], ...]], Che
     return result, check
 
 
-OS_KEYS = ("distro", "version", "codename", "python", "image", "python_image", "source")
+OS_KEYS = (
+    "distro", "version", "codename", "python", "image", "python_image", "source", "glibc",
+    "glibc_source",
+)  # fmt: skip
+GLIBC = re.compile(r"2\.[0-9]{1,3}")
 
 
 def _load_os(path: Path) -> tuple[dict[str, OsBase], Checker]:
@@ -113,6 +117,9 @@ def _load_os(path: Path) -> tuple[dict[str, OsBase], Checker]:
         )
         python_image = check.template(where, item, "python_image", "{python}")
         source = check.source(where, item)
+        glibc = check.text(where, item, "glibc", pattern=GLIBC, hint="a glibc version (2.36)")
+        if glibc is not None:
+            check.source(where, item, "glibc_source")
         if python is None or any(value is None for value in fields.values()):
             continue
         bases[name] = OsBase(
@@ -123,6 +130,7 @@ def _load_os(path: Path) -> tuple[dict[str, OsBase], Checker]:
             image=str(fields["image"]),
             python_image=python_image,
             source=source,
+            glibc=glibc,
         )
     return bases, check
 

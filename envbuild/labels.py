@@ -11,7 +11,12 @@ CUDNN = PREFIX + "cudnn"
 NCCL = PREFIX + "nccl"
 PYTHON = PREFIX + "python"
 OS = PREFIX + "os"
-STAGE = PREFIX + "stage"  # "builder" on the stage that installs the environment
+# "install" while the environment is installed, so that the container of that step, left by an
+# engine that died mid-build, is found again; "image" on the finished image (and what it runs).
+STAGE = PREFIX + "stage"
+INSTALL_STAGE = STAGE + "=install"
+# sha256 of the envbuild.lock the image installed (and keeps at /opt/venv/envbuild.lock).
+LOCK_DIGEST = PREFIX + "lock-digest"
 VERSION = PREFIX + "version"  # the envbuild that built the image
 # The image's content hash; inherited by images built FROM it.
 CONTENT_HASH = PREFIX + "content-hash"
@@ -27,4 +32,5 @@ TEMPLATE_KEYS: dict[str, str] = {
     "python": PYTHON,
     "os": OS,
     "stage": STAGE,
+    "lock_digest": LOCK_DIGEST,
 }

@@ -25,6 +25,7 @@ from envbuild.matrix_file import (
     version_selects,
 )
 from envbuild.models import CPU, Combination, Entry, Exclusion, Fleet, Knowledge, Plan, Selection
+from envbuild.packages import with_numpy
 from envbuild.references import shown
 from envbuild.versions import version_sort_key
 
@@ -161,19 +162,43 @@ def combinations(matrix: Matrix, knowledge: Knowledge) -> list[tuple[Combination
                 break
         seen.setdefault(combo, reason)
     for point in matrix.include:
-        framework = point.get("framework") or matrix.axes["framework"][0]
-        resolved = _resolve_version(knowledge, framework, point.get("framework_version", LATEST))
-        if resolved is None:
-            continue
-        combo = Combination(
-            framework=framework,
-            framework_version=resolved,
-            cuda=point.get("cuda", CPU),
-            python=point.get("python", matrix.python),
-            os=point.get("os", matrix.os),
-        )
-        seen[combo] = None  # an include wins over an exclude
+        included = _include_combination(matrix, knowledge, point)
+        if included is not None:
+            seen[included] = None  # an include wins over an exclude
     return list(seen.items())
+
+
+def _include_combination(
+    matrix: Matrix, knowledge: Knowledge, point: dict[str, str]
+) -> Combination | None:
+    framework = point.get("framework") or matrix.axes["framework"][0]
+    resolved = _resolve_version(knowledge, framework, point.get("framework_version", LATEST))
+    if resolved is None:
+        return None
+    return Combination(
+        framework=framework,
+        framework_version=resolved,
+        cuda=point.get("cuda", CPU),
+        python=point.get("python", matrix.python),
+        os=point.get("os", matrix.os),
+    )
+
+
+def entry_packages(
+    matrix: Matrix, knowledge: Knowledge, extra: tuple[str, ...] = ()
+) -> dict[Combination | None, tuple[str, ...]]:
+    """Each include's combination -> its packages (None -> every other entry's): the matrix
+    defaults, the include's own, `extra` (the command line's), and numpy unless told not to."""
+    common = (*matrix.packages, *extra)
+    found: dict[Combination | None, tuple[str, ...]] = {
+        None: with_numpy(common, numpy=matrix.numpy)
+    }
+    for point, own in zip(matrix.include, matrix.include_packages, strict=False):
+        combo = _include_combination(matrix, knowledge, point)
+        if combo is not None:
+            earlier = found.get(combo, ())
+            found[combo] = with_numpy((*earlier, *common, *own), numpy=matrix.numpy)
+    return found
 
 
 def make_plan(
@@ -183,10 +208,16 @@ def make_plan(
     *,
     fleet: Fleet | None = None,
     newest_only: bool = False,
+    packages: tuple[str, ...] = (),
 ) -> Plan:
-    """Expand the matrix, apply the selectors and the rules; keep every exclusion with its reason."""
+    """Expand the matrix, apply the selectors and the rules; keep every exclusion with its reason.
+
+    Every entry carries the matrix's packages, its include's, `packages` (normalized: the
+    command line's) and numpy unless the matrix says `numpy: false`.
+    """
     check_selection(selection)
     releases = release_versions(knowledge)
+    wanted = entry_packages(matrix, knowledge, packages)
     entries: list[Entry] = []
     excluded: list[Exclusion] = []
     for combo, excluded_by in combinations(matrix, knowledge):
@@ -197,9 +228,11 @@ def make_plan(
             continue
         facts = compat.judge(knowledge, combo, fleet)
         if facts[-1].holds:
-            entries.append(
-                compat.resolve_entry(knowledge, combo, repository=matrix.repository, facts=facts)
+            entry = compat.resolve_entry(
+                knowledge, combo, repository=matrix.repository, facts=facts
             )
+            own = wanted.get(combo, wanted[None])
+            entries.append(dataclasses.replace(entry, packages=own))
         else:
             excluded.append(Exclusion(combination=combo, reason=facts[-1].text, facts=facts))
     if newest_only and entries:

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import MatrixError
+from envbuild.errors import BadInput, MatrixError
 from envbuild.models import CPU, Knowledge
+from envbuild.packages import MAX_PACKAGES, check_packages, framework_packages, read_requirements
 from envbuild.references import repository_problem, shown
 from envbuild.resources import matrices_dir
 from envbuild.versions import version_sort_key
@@ -19,7 +20,9 @@ from envbuild.yamlfile import path_label, read_yaml, yaml_kind
 
 AXES = ("framework", "framework_version", "cuda", "python", "os")
 TOP_KEYS = ("description", "defaults", "axes", "include", "exclude")
-DEFAULT_KEYS = ("python", "os", "repository", "framework_version", "cuda")
+PACKAGE_KEYS = ("packages", "requirements")
+DEFAULT_KEYS = ("python", "os", "repository", "framework_version", "cuda", *PACKAGE_KEYS, "numpy")
+INCLUDE_KEYS = (*AXES, *PACKAGE_KEYS)
 LATEST = "latest"
 DEFAULT_REPOSITORY = "envbuild/{framework}"
 EXAMPLES = {
@@ -52,6 +55,10 @@ class Matrix:
     python: str
     os: str
     repository: str
+    # The team's packages (normalized; numpy not yet added): for every entry, and per include.
+    packages: tuple[str, ...] = ()
+    include_packages: tuple[tuple[str, ...], ...] = ()
+    numpy: bool = True  # defaults.numpy: false leaves numpy out of entries that do not name it
 
 
 def default_matrix_path() -> Path:
@@ -89,8 +96,10 @@ def shorten(values: list[str], limit: int = 12) -> str:
 class _Validator:
     """Walks a matrix document and collects every problem with its location."""
 
-    def __init__(self, path: str, knowledge: Knowledge) -> None:
+    def __init__(self, path: str, knowledge: Knowledge, directory: Path | None = None) -> None:
         self.path = path
+        self.directory = directory  # requirements files are relative to the matrix's folder
+        self.include_packages: list[tuple[str, ...]] = []
         self.knowledge = knowledge
         self.releases = release_versions(knowledge)
         self.problems: list[str] = []
@@ -222,7 +231,7 @@ class _Validator:
                     "expected a non-empty mapping of axis: value, e.g. {framework: torch, cuda: cpu}",
                 )
                 continue
-            self.keys(where, item, AXES)
+            self.keys(where, item, INCLUDE_KEYS if own_framework_needed else AXES)
             point = {}
             for key, value in item.items():
                 if isinstance(key, str) and key in AXES:
@@ -237,8 +246,58 @@ class _Validator:
                 own = frameworks
             if "framework_version" in point:
                 self.version_of(f"{where}.framework_version", point["framework_version"], own)
+            if own_framework_needed:
+                self.include_packages.append(self.packages(where, item, own))
             points.append(point)
         return tuple(points)
+
+    def packages(
+        self, where: str, item: dict[str, Any], frameworks: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """An item's `packages` list and `requirements` file, normalized; problems collected."""
+        names = framework_packages(self.knowledge, frameworks)
+        found: list[str] = []
+        raw = item.get("packages")
+        if raw is not None and not isinstance(raw, list):
+            self.fail(
+                f"{where}.packages",
+                f"expected a list of requirements, got {yaml_kind(raw)}; "
+                "e.g. [numpy, 'transformers>=4.40']",
+            )
+        elif isinstance(raw, list) and len(raw) > MAX_PACKAGES:
+            self.fail(
+                f"{where}.packages",
+                f"holds {len(raw)} items, more than {MAX_PACKAGES}; use a requirements file",
+            )
+        elif isinstance(raw, list):
+            for i, value in enumerate(raw):
+                if not isinstance(value, str):
+                    self.fail(
+                        f"{where}.packages[{i}]",
+                        f"expected a string, got {yaml_kind(value)}; "
+                        "quote requirements: 'pkg==1.0'",
+                    )
+                    continue
+                try:
+                    found += check_packages([value], f"{where}.packages[{i}]", names)
+                except BadInput as exc:
+                    self.problems.append(f"{self.path}: {exc.message}")
+        file = item.get("requirements")
+        if file is not None and (
+            not isinstance(file, str) or not file.isprintable() or not 0 < len(file) <= 4096
+        ):
+            self.fail(
+                f"{where}.requirements",
+                f"expected a file path, got {shown(str(file), 40)}; "
+                "e.g. requirements/train.txt (relative to the matrix)",
+            )
+        elif isinstance(file, str):
+            path = (self.directory or Path()) / file
+            try:
+                found += read_requirements(path, f"{self.path}: {where}.requirements", names)
+            except BadInput as exc:
+                self.problems.append(exc.message)
+        return tuple(sorted(set(found)))
 
     def repository(self, raw: Any, frameworks: tuple[str, ...]) -> str:
         if not isinstance(raw, str):
@@ -260,7 +319,7 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
     if not isinstance(data, dict):
         msg = f"{label}: expected a mapping with 'axes' at the top level, got {yaml_kind(data)}"
         raise MatrixError([msg])
-    check = _Validator(label, knowledge)
+    check = _Validator(label, knowledge, path.parent)
     check.keys("", data, TOP_KEYS)
     description = data.get("description")
     if description is not None and not isinstance(description, str):
@@ -323,6 +382,10 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
         dict.fromkeys([*frameworks, *(p["framework"] for p in include if "framework" in p)])
     )
     repository = check.repository(defaults_raw.get("repository", DEFAULT_REPOSITORY), named)
+    packages = check.packages("defaults", defaults_raw, named)
+    numpy = defaults_raw.get("numpy", True)
+    if not isinstance(numpy, bool):
+        check.fail("defaults.numpy", f"expected true or false, got {yaml_kind(numpy)}")
     if check.problems:
         raise MatrixError(check.problems)
 
@@ -347,6 +410,9 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
         python=python,
         os=os_name,
         repository=repository,
+        packages=packages,
+        include_packages=tuple(check.include_packages),
+        numpy=numpy is not False,
     )
 
 

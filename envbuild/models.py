@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ class OsBase:
     image: str
     python_image: str | None  # e.g. "python:{python}-slim-bookworm"
     source: str
+    glibc: str | None = None  # "2.36": the manylinux tag a lock is resolved for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +199,9 @@ class Entry:
     image: str
     install: Install
     facts: tuple[Fact, ...] = ()  # why it is buildable (plan --explain)
+    # The team's packages beside the framework: PEP 508, normalized, sorted, deduplicated.
+    # They go into the lock, never into the id or the tag.
+    packages: tuple[str, ...] = ()
 
     def combination(self) -> Combination:
         """The matrix point this entry was resolved from."""
@@ -221,6 +226,7 @@ class Entry:
             "os": self.os,
             "base_image": self.base_image,
             "image": self.image,
+            "packages": list(self.packages),
         }
 
 
@@ -269,6 +275,36 @@ class BaseProbe:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Lock:
+    """One entry's resolved environment: every distribution pinned with its hashes.
+
+    `text` is the whole lock file as written beside the matrix (envbuild's header, then
+    `uv pip compile --generate-hashes` output); it is what the image installs and keeps.
+    """
+
+    entry_id: str
+    text: str
+    path: Path | None = None  # where it was read from or written to; None for an ephemeral lock
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the file's bytes: the image's lock label and the content hash's input."""
+        return "sha256:" + hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedInputs:
+    """What a build fetches from envbuild's build server (envbuild/build_server.py) while it
+    runs: never in the context, the content hash, a build argument or the image."""
+
+    ca_bundle: Path | None = None
+    wheels: tuple[Path, ...] = ()  # the wheelhouse's regular files, offered as uv --find-links
+    index_url: str | None = field(default=None, repr=False)  # may hold credentials
+    extra_index_urls: tuple[str, ...] = field(default=(), repr=False)  # framework index last
+    offline: bool = False  # uv --no-index: only the served wheels
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuildContext:
     """A rendered Dockerfile, the files it copies, and the hash that names the result."""
 
@@ -280,7 +316,9 @@ class BuildContext:
     build_args: dict[str, str]  # never hashed, never written: may hold credentials
     content_hash: str
     labels: dict[str, str]
-    offline: bool = False  # build with no network: everything comes from the context
+    offline: bool = False  # build with no route off the host: everything comes from it
+    lock: Lock | None = None  # written as envbuild.lock; the image installs and keeps it
+    served: ServedInputs = field(default_factory=ServedInputs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,120 +332,3 @@ class BuiltImage:
     log_path: Path | None
     seconds: float
     tag_restored_from: str | None = None  # the image the entry's tag had been moved to
-
-
-@dataclass(frozen=True, kw_only=True)
-class SmokeCheck:
-    """One host-side check of the payload's report."""
-
-    name: str
-    passed: bool
-    detail: str
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain mapping for reports."""
-        return {"name": self.name, "passed": self.passed, "detail": self.detail}
-
-
-@dataclass(frozen=True, kw_only=True)
-class SmokeResult:
-    """What the payload reported inside the container and what the host made of it."""
-
-    image: str
-    image_id: str
-    payload: dict[str, Any]
-    checks: tuple[SmokeCheck, ...]
-    exit_code: int | None
-    seconds: float
-    stderr_tail: str
-
-    @property
-    def passed(self) -> bool:
-        """True only when every check passed."""
-        return bool(self.checks) and all(c.passed for c in self.checks)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The payload's JSON plus `passed` and the host-side `checks`."""
-        return {
-            **self.payload,
-            "passed": self.passed,
-            "checks": [c.as_dict() for c in self.checks],
-            "image": self.image,
-            "image_id": self.image_id,
-            "exit_code": self.exit_code,
-            "seconds": round(self.seconds, 3),
-        }
-
-    @classmethod
-    def from_report(cls, report: dict[str, Any], *, image: str, image_id: str) -> SmokeResult:
-        """The result a recorded report (`as_dict`) stands for, for an image vetted before."""
-        host_keys = {"passed", "checks", "image", "image_id", "exit_code", "seconds"}
-        raw_checks = report.get("checks")
-        checks = tuple(
-            SmokeCheck(name=str(c["name"]), passed=bool(c["passed"]), detail=str(c["detail"]))
-            for c in (raw_checks if isinstance(raw_checks, list) else [])
-        )
-        return cls(
-            image=image,
-            image_id=image_id,
-            payload={k: v for k, v in report.items() if k not in host_keys},
-            checks=checks,
-            exit_code=0,
-            seconds=0.0,
-            stderr_tail="",
-        )
-
-    def failed_checks(self) -> str:
-        """The failed checks as one line: `name: detail; ...`."""
-        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EntryResult:
-    """What happened to one entry in a build run."""
-
-    entry: Entry
-    image: BuiltImage | None
-    smoke: SmokeResult | None
-    error: str | None
-    smoke_reused: bool = False  # the image was vetted before; its recorded result stands
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        """Built (or found) and, when smoke-tested, passed."""
-        return (
-            self.error is None
-            and self.image is not None
-            and (self.smoke is None or self.smoke.passed)
-        )
-
-    @property
-    def failure_reason(self) -> str:
-        """Why the entry failed: its error, else its failed smoke checks (empty if neither)."""
-        if self.error:
-            return self.error
-        return self.smoke.failed_checks() if self.smoke is not None else ""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report's shape for one entry."""
-        image = None
-        if self.image is not None:
-            image = {
-                "id": self.image.id,
-                "tags": list(self.image.tags),
-                "log": str(self.image.log_path) if self.image.log_path else None,
-                "seconds": round(self.image.seconds, 3),
-            }
-        return {
-            "entry": self.entry.as_dict(),
-            "image": image,
-            "status": (
-                "failed" if self.image is None else "built" if self.image.built else "found"
-            ),
-            "passed": self.passed,
-            "error": self.error,
-            "smoke": self.smoke.as_dict() if self.smoke is not None else None,
-            "smoke_reused": self.smoke_reused,
-            "seconds": round(self.seconds, 3),
-        }

@@ -7,7 +7,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,16 +17,11 @@ from envbuild.engine import Engine
 from envbuild.engine import connect as connect_engine
 from envbuild.errors import EnvbuildError
 from envbuild.interrupt import remove_scratch, run_id, scratch_prefix
-from envbuild.models import (
-    BaseProbe,
-    BuildContext,
-    BuildOptions,
-    Entry,
-    EntryResult,
-    Knowledge,
-    SmokeResult,
-)
+from envbuild.models import BaseProbe, BuildContext, BuildOptions, Entry, Knowledge, Lock
+from envbuild.published import entry_target, published_already
 from envbuild.redact import register_url
+from envbuild.registry import RegistryClient
+from envbuild.results import EntryResult, SmokeResult
 from envbuild.smoke import smoke_image
 from envbuild.store import ResultStore
 
@@ -51,6 +46,7 @@ class RunOptions:
     smoke: bool = True
     gpus: str = "auto"
     no_cache: bool = False  # rebuild every layer, even when the content hash exists
+    push_registry: str | None = None  # entries whose immutable tag it holds, vetted, are skipped
 
 
 def build_shared_stages(
@@ -94,20 +90,32 @@ def run_entries(
     *,
     store: ResultStore,
     on_event: Callable[[Event], None],
+    locks: Mapping[str, Lock],
     connect: Callable[[], Engine] = connect_engine,
 ) -> list[EntryResult]:
-    """Check every base, build shared stages, then build and smoke-test the entries."""
+    """Check every base, build shared stages, then build and smoke-test the entries, each
+    installing exactly its lock (`locks`, by entry id)."""
     for url in (options.index_url, *options.extra_index_urls):
         register_url(url)  # before anything can print or log a build request
     engine = connect()
     engine.remove_leftovers()  # of an earlier run whose engine or process died mid-way
     probes: dict[str, BaseProbe] = {}
     # Every entry is checked against its base before the first build starts.
-    contexts = [prepare(engine, knowledge, entry, options, probes) for entry in entries]
+    contexts = [
+        prepare(engine, knowledge, entry, options, probes, locks[entry.id]) for entry in entries
+    ]
+    done = published_entries(run.push_registry, contexts) if run.push_registry else {}
     for context in contexts:
-        on_event(Event(entry_id=context.entry.id, state="queued"))
+        entry_id = context.entry.id
+        found = done.get(entry_id)
+        if found is None:
+            on_event(Event(entry_id=entry_id, state="queued"))
+        else:
+            detail = f"published already as {found}: not built"
+            on_event(Event(entry_id=entry_id, state="published", detail=detail))
+    todo = [c for c in contexts if c.entry.id not in done]
     if run.jobs > 1 and not run.no_cache:
-        build_shared_stages(engine, contexts, on_event)
+        build_shared_stages(engine, todo, on_event)
     stop = threading.Event()
     local = threading.local()
 
@@ -118,6 +126,10 @@ def run_entries(
 
     def one(context: BuildContext) -> EntryResult:
         entry = context.entry
+        if entry.id in done:
+            return EntryResult(
+                entry=entry, image=None, smoke=None, error=None, published=done[entry.id]
+            )
         start = time.monotonic()
         if stop.is_set():
             on_event(Event(entry_id=entry.id, state="skipped", detail="an earlier entry failed"))
@@ -151,6 +163,26 @@ def run_entries(
         raise
     pool.shutdown()
     return results
+
+
+def published_entries(registry: str, contexts: list[BuildContext]) -> dict[str, str]:
+    """Entry id → the reference@digest under which the registry already holds its image,
+    vetted (immutable tag `<tag>-<content hash>` with passing evidence): those need no build.
+    Asked before anything is built, so an unreachable registry stops the run at once."""
+    found: dict[str, str] = {}
+    clients: dict[str, RegistryClient] = {}
+    try:
+        for context in contexts:
+            where = entry_target(registry, context.entry.image, context.content_hash)
+            if where.host not in clients:
+                clients[where.host] = RegistryClient.for_host(where.host)
+            vetted = published_already(clients[where.host], where)
+            if vetted is not None:
+                found[context.entry.id] = f"{where.reference}@{vetted.digest}"
+    finally:
+        for client in clients.values():
+            client.close()
+    return found
 
 
 def abandon_run(connect: Callable[[], Engine]) -> None:

@@ -11,11 +11,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from envbuild.models import EntryResult
 from envbuild.pipeline import Event
+from envbuild.results import EntryResult
 
 _STYLE = {
     "passed": "green",
+    "published": "green",
     "failed": "bold red",
     "skipped": "yellow",
     "smoke": "cyan",
@@ -99,7 +100,9 @@ class ProgressView:
         rows = [("ENTRY", "RESULT", "IMAGE", "SMOKE", "TIME")]
         for r in results:
             image = (
-                "-"
+                "published already"
+                if r.published is not None
+                else "-"
                 if r.image is None
                 else f"{r.image.id[7:19]} {'built' if r.image.built else 'found'}"
             )

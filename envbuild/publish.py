@@ -5,25 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from envbuild import labels as label_keys
 from envbuild.credentials import docker_auth_config
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, EnvbuildError
-from envbuild.evidence import (
-    PACKAGES,
-    attach_evidence,
-    find_evidence,
-    image_config_digest,
-    smoke_report,
-)
-from envbuild.http_limits import printable
+from envbuild.evidence import attach_evidence, image_config_digest
 from envbuild.knowledge import cuda_tag
 from envbuild.matrix import newest_per_framework
 from envbuild.models import Entry
+from envbuild.published import Target, held_digest, target
 from envbuild.references import split_tag
-from envbuild.registry import RegistryClient, parse_reference
+from envbuild.registry import RegistryClient
 from envbuild.store import ResultStore
 
 PACKAGES_SCRIPT = (
@@ -160,14 +153,6 @@ def publish_images(
             on_published(item, done)
 
 
-def _split_registry(registry: str) -> tuple[str, str]:
-    host, _, prefix = registry.strip("/").partition("/")
-    if not host or ("." not in host and ":" not in host and host != "localhost"):
-        msg = f"--registry {registry!r} names no registry host (e.g. registry.example.com/ml or 127.0.0.1:5000/team)"
-        raise BadInput(msg)
-    return host, prefix
-
-
 def publish_image(
     engine: Engine,
     store: ResultStore,
@@ -186,16 +171,16 @@ def publish_image(
             f"vet it with `envbuild smoke {item.source}` (or `envbuild build`) first"
         )
         raise NotVetted(msg)
-    host, prefix = _split_registry(registry)
-    repository = f"{prefix}/{item.name}" if prefix else item.name
-    immutable = f"{item.tag}-{(item.content_hash or item.image_id[7:])[:12]}"
+    where = target(registry, item.name, item.tag, item.content_hash or item.image_id[7:])
+    host, repository, immutable = where.host, where.repository, where.immutable
     auth = docker_auth_config(host)
     with RegistryClient.for_host(host) as client:
-        target = f"{host}/{repository}:{immutable}"
-        pushed = engine.push(item.image_id, target, auth_config=auth, on_line=on_line)
+        _refuse_overwrite(client, where, item)
+        target_ref = where.reference
+        pushed = engine.push(item.image_id, target_ref, auth_config=auth, on_line=on_line)
         held = client.manifest_digest(repository, immutable)
         if held != pushed:
-            msg = f"{target}: the registry holds {held}, but the push reported {pushed}; not published"
+            msg = f"{target_ref}: the registry holds {held}, but the push reported {pushed}; not published"
             raise EnvbuildError(msg)
         body, media_type, _ = client.manifest_raw(repository, held)
         try:
@@ -203,13 +188,13 @@ def publish_image(
         except ValueError:
             manifest = None
         if not isinstance(manifest, dict):
-            raise client.malformed(target, kind="manifest", why="it is not a JSON object")
-        config = image_config_digest(client, manifest, target)
+            raise client.malformed(target_ref, kind="manifest", why="it is not a JSON object")
+        config = image_config_digest(client, manifest, target_ref)
         if config != item.image_id:
-            msg = f"{target}: the registry's image config is {config}, not the tested image {item.image_id}"
+            msg = f"{target_ref}: the registry's image config is {config}, not the tested image {item.image_id}"
             raise EnvbuildError(msg)
         store.record_published(item.image_id, f"{host}/{repository}@{held}", held)
-        results = [Published(reference=target, digest=held, kind="immutable")]
+        results = [Published(reference=target_ref, digest=held, kind="immutable")]
         packages = engine.run(item.image_id, ["/bin/sh", "-c", PACKAGES_SCRIPT], timeout=120).stdout
         evidence = attach_evidence(
             client, repository, held, media_type, len(body),
@@ -232,41 +217,18 @@ def publish_image(
     return results
 
 
-@dataclass(frozen=True, kw_only=True)
-class Verification:
-    """What `envbuild verify` found for a reference."""
-
-    reference: str
-    digest: str
-    image_id: str  # the config digest the manifest names; the smoke report is about it
-    passed: bool
-    report: dict[str, Any]
-    packages: str
-
-
-def verify_reference(text: str) -> Verification:
-    """Fetch the evidence attached to a published image and check it belongs to that digest.
-
-    Everything the registry returns is checked for shape first, and one deadline bounds it all.
-    """
-    ref = parse_reference(text)
-    with RegistryClient.for_host(ref.host) as client, client.operation():
-        manifest, _, digest = client.get_manifest(ref.repository, ref.reference)
-        image_id = image_config_digest(client, manifest, client.name(ref.repository, digest))
-        files = find_evidence(client, ref.repository, digest)
-        where = f"the evidence of {ref.host}/{ref.repository}@{digest}"
-        report = smoke_report(client, files, where)
-    if report["image_id"] != image_id:
+def _refuse_overwrite(client: RegistryClient, where: Target, item: Candidate) -> None:
+    """An immutable tag names one image forever: pushing another image under it is an error."""
+    held = held_digest(client, where)
+    if held is None:
+        return
+    manifest, _, _ = client.get_manifest(where.repository, held)
+    config = image_config_digest(client, manifest, where.reference)
+    if config != item.image_id:
         msg = (
-            f"{printable(text)}: the attached smoke report is for image "
-            f"{report['image_id']}, but {digest} holds image {image_id}"
+            f"refusing to publish {item.source}: {where.reference} already names image "
+            f"{config[:19]} ({held[:19]}), not {item.image_id[:19]}; an immutable tag is never "
+            "overwritten (the same content was built again: publish the image the tag names, "
+            "or delete the tag in the registry)"
         )
         raise EnvbuildError(msg)
-    return Verification(
-        reference=text,
-        digest=digest,
-        image_id=image_id,
-        passed=report["passed"],
-        report=report,
-        packages=files.get(PACKAGES, b"").decode("utf-8", errors="replace"),
-    )

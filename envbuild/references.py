@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 PLACEHOLDER = "{framework}"
 NAME_MAX = 255
@@ -26,6 +26,7 @@ _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}|sha384:[a-f0-9]{96}|sha512:[a-f0-9]{128}")
 _IMAGE_ID = re.compile(r"sha256:[a-f0-9]{64}")
 _USER = re.compile(r"[A-Za-z0-9._~%!$&'()*+,;=-]+")
+_USERINFO = re.compile(r"(://)[^/\s@]*@")
 _URL_AUTHORITY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:)?(?P<slashes>//)?")
 
 
@@ -144,3 +145,15 @@ def index_url_problem(url: str) -> str | None:
     if port == 0:
         return "names port 0"
     return None
+
+
+def public_url(url: str | None) -> str | None:
+    """An index URL fit for a lock file: no user-info, query or fragment (they may hold tokens)."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    except ValueError:
+        return _USERINFO.sub(r"\1", redact_url(url))

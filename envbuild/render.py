@@ -1,4 +1,8 @@
-"""Entry → BuildContext: the Dockerfile from templates/, the files it copies, the content hash."""
+"""Entry + Lock → BuildContext: the Dockerfile from templates/, its context files, the content hash.
+
+The context holds the Dockerfile, envbuild.lock and the installer script, nothing else: what
+the install fetches but the image must not hold (CA bundle, index URLs, uv, the wheelhouse) is
+described in `BuildContext.served` and served by envbuild/build_server.py during the build."""
 
 from __future__ import annotations
 
@@ -10,19 +14,26 @@ import re
 import shutil
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
-from packaging.requirements import Requirement
 
 from envbuild import labels
 from envbuild.errors import BadInput
 from envbuild.knowledge import cuda_tag
-from envbuild.models import CPU, BaseProbe, BuildContext, BuildOptions, Entry
+from envbuild.models import CPU, BaseProbe, BuildContext, BuildOptions, Entry, Lock, ServedInputs
 from envbuild.references import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.resources import templates_dir
+from envbuild.wheelhouse import framework_index as framework_from
+from envbuild.wheelhouse import has_framework_wheel, wheelhouse_files
 
-_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-(?P<python>[^-]+)-[^-]+-[^-]+\.whl$")
-CA_NAME = "envbuild/ca.crt"
+if TYPE_CHECKING:
+    pass
+
+LOCK_NAME = "envbuild.lock"  # in the context; the image keeps it at /opt/venv/envbuild.lock
+INSTALLER_NAME = "install_env.py"
+INSTALLER = Path(__file__).resolve().parent / "payload" / INSTALLER_NAME
+LOCK_MAX_BYTES = 16 * 1024 * 1024
 CA_MAX_BYTES = 10 * 1024 * 1024
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
 # What may reach the Dockerfile inside quotes or after FROM/LABEL: no quote, backslash,
@@ -40,17 +51,6 @@ def _environment() -> jinja2.Environment:
         extensions=["jinja2.ext.do"],
         autoescape=False,
     )
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def _wanted(entry: Entry) -> tuple[str, str]:
-    """The framework package's normalized name and pinned version ("torch", "2.13.0+cpu")."""
-    requirement = Requirement(entry.install.requirement)
-    pins = [spec.version for spec in requirement.specifier if spec.operator == "=="]
-    return _normalize(requirement.name), pins[0] if pins else ""
 
 
 def check_options(options: BuildOptions) -> BuildOptions:
@@ -136,112 +136,95 @@ def check_ca_bundle(path: Path) -> Path:
     return resolved
 
 
-def wheelhouse_files(entry: Entry, wheelhouse: Path) -> tuple[list[Path], bool]:
-    """The wheelhouse files to give this entry's build, and whether they hold its framework wheel.
-
-    Framework wheels of other versions or variants are left out: pip would otherwise be free
-    to prefer a `+cpu` wheel over the PyPI CUDA build of the same version.
-    """
-    _wheelhouse(wheelhouse)
-    package, wanted = _wanted(entry)
-    python_tag = "cp" + entry.python.replace(".", "")
-    files: list[Path] = []
-    has_framework = False
-    for path in sorted(wheelhouse.iterdir()):
-        if not path.is_file():
-            continue
-        match = _WHEEL.match(path.name)
-        if match and _normalize(match["name"]) == package:
-            if match["version"] != wanted:
-                continue
-            tags = match["python"].split(".")
-            # A pure wheel (jax) fits every Python 3; a binary one must be for this Python.
-            has_framework = has_framework or python_tag in tags or "py3" in tags
-        files.append(path)
-    return files, has_framework
+def check_lock(lock: Lock) -> None:
+    """Refuse a lock the image cannot install as it is: too big, or carrying pip options (an
+    `--index-url` or `-r` line would change where packages come from or what is read)."""
+    where = f"lock {shown(str(lock.path or lock.entry_id))}"
+    if len(lock.text.encode()) > LOCK_MAX_BYTES:
+        msg = (
+            f"{where}: larger than {LOCK_MAX_BYTES // (1024 * 1024)} MiB; run `envbuild lock` again"
+        )
+        raise BadInput(msg)
+    for number, line in enumerate(lock.text.splitlines(), 1):
+        stripped = line.strip()
+        if "\0" in line or (stripped.startswith("-") and not stripped.startswith("--hash=")):
+            msg = (
+                f"{where}:{number}: {shown(stripped, 40)} is not a pinned requirement or its "
+                "hash; locks hold only `name==version --hash=...`: run `envbuild lock` again"
+            )
+            raise BadInput(msg)
 
 
-def _hash(base_id: str, dockerfile: str, files: tuple[tuple[str, Path], ...]) -> str:
+def _hash(base_id: str, dockerfile: str, lock: Lock, installer: bytes) -> str:
+    """What names the image: the base, the Dockerfile, the lock and the installer. Never the
+    CA bundle or the index settings (how to reach a package, not what is installed) nor the
+    wheelhouse (the lock's hashes already fix every file the image gets)."""
     digest = hashlib.sha256()
-    digest.update(f"base {base_id}\n".encode())
-    digest.update(dockerfile.encode())
-    for name, path in files:
-        if name == CA_NAME:
-            continue  # how to reach an index, not what the image holds
-        # Wheels are named by name, version and tags; their size guards against a rebuilt file.
-        digest.update(f"\nfile {name} {path.stat().st_size}".encode())
+    for part in (f"base {base_id}", dockerfile, lock.text, installer):
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(f"{len(data)}\n".encode())
+        digest.update(data)
     return digest.hexdigest()
 
 
 def render_entry(
-    entry: Entry, options: BuildOptions, base: BaseProbe | None = None
+    entry: Entry, options: BuildOptions, base: BaseProbe | None, lock: Lock
 ) -> BuildContext:
-    """Render one entry's Dockerfile and gather its context files; no Docker involved.
-
-    Context files are the real files behind any links: a link would dangle inside the build.
-    """
+    """Render one entry's Dockerfile for its lock and gather what its build is served; no
+    Docker involved. `base` is the probed base image (None: assume it brings Python)."""
     base_image = options.base_image or entry.base_image
     _check_template_values(entry, base_image)
-    files: list[tuple[str, Path]] = []
+    check_lock(lock)
+    ca_bundle = None
     if options.ca_bundle is not None:
-        files.append((CA_NAME, _regular_file(options.ca_bundle, "--ca-bundle")))
-    wheels_hold_framework = False
+        ca_bundle = _regular_file(options.ca_bundle, "--ca-bundle")
+    wheels: tuple[Path, ...] = ()
     if options.wheelhouse is not None:
-        wheels, wheels_hold_framework = wheelhouse_files(entry, options.wheelhouse)
-        files += [
-            (
-                f"envbuild/wheelhouse/{w.name}",
-                _regular_file(w, "--wheelhouse", "check the wheelhouse"),
-            )
-            for w in wheels
-        ]
+        _wheelhouse(options.wheelhouse)
+        wheels = wheelhouse_files(options.wheelhouse)
+    wheels_hold_framework = has_framework_wheel(entry, wheels)
     if options.offline and not wheels_hold_framework:
         msg = (
             f"--offline: the wheelhouse holds no {entry.install.requirement} wheel for "
             f"Python {entry.python}; add it to --wheelhouse or drop --offline"
         )
         raise BadInput(msg)
-    framework_index = None
-    if entry.install.index_url and not wheels_hold_framework and not options.offline:
-        framework_index = entry.install.index_url
-    index_args = []
-    if options.index_url:
-        index_args.append("PIP_INDEX_URL")
-    if options.extra_index_urls:
-        index_args.append("PIP_EXTRA_INDEX_URL")
+    framework_index = framework_from(entry, options)
+    extra_index_urls = options.extra_index_urls + ((framework_index,) if framework_index else ())
+    served = ServedInputs(
+        ca_bundle=ca_bundle,
+        wheels=wheels,
+        index_url=None if options.offline else options.index_url,
+        extra_index_urls=() if options.offline else extra_index_urls,
+        offline=options.offline,
+    )
     values = {
         "entry": entry,
         "base_image": base_image,
         "cuda_label": "CPU" if entry.cuda == CPU else f"CUDA {entry.cuda}, {cuda_tag(entry.cuda)}",
         "python_from_os": base is not None and base.python is None,
-        "index_args": index_args,
-        "has_helpers": bool(files),
-        "ca_bundle": options.ca_bundle is not None,
-        "wheelhouse": options.wheelhouse is not None,
-        "offline": options.offline,
         "framework_index": framework_index,
+        "lock_digest": lock.digest,
         "label": labels.TEMPLATE_KEYS,
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)
     runtime_stage = environment.get_template("runtime.j2").render(values)
-    build_args = {}
-    if options.index_url:
-        build_args["PIP_INDEX_URL"] = options.index_url
-    if options.extra_index_urls:
-        build_args["PIP_EXTRA_INDEX_URL"] = " ".join(options.extra_index_urls)
-    frozen_files = tuple(files)
-    content_hash = _hash(base.image_id if base else base_image, dockerfile, frozen_files)
+    content_hash = _hash(
+        base.image_id if base else base_image, dockerfile, lock, INSTALLER.read_bytes()
+    )
     return BuildContext(
         entry=entry,
         base_image=base_image,
         dockerfile=dockerfile,
         runtime_stage=runtime_stage,
-        files=frozen_files,
-        build_args=build_args,
+        files=((INSTALLER_NAME, INSTALLER),),
+        build_args={},
         content_hash=content_hash,
-        labels={labels.CONTENT_HASH: content_hash},
+        labels={labels.CONTENT_HASH: content_hash},  # the lock digest is in the Dockerfile
         offline=options.offline,
+        lock=lock,
+        served=served,
     )
 
 
@@ -301,15 +284,12 @@ def _new_file(parent: int, name: str) -> int:
     return os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=parent)
 
 
-def write_context(
-    context: BuildContext, root: Path, name: str = "", *, link_wheels: bool = False
-) -> Path:
-    """Lay the Dockerfile and its files out in `root`/`name`; return that folder.
+def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
+    """Lay the build context out in `root`/`name`: the Dockerfile, envbuild.lock and the
+    installer; return that folder. Nothing secret is in it (see `BuildContext.served`).
 
     Nothing below `root` is followed: links found there are replaced by real folders and
-    files, so a planted link cannot make envbuild write elsewhere. Files are copies, so editing
-    the review copy never edits the original; `link_wheels` lets a build in a fresh temporary
-    folder hard-link the (large, read-only) wheels instead. The CA bundle is always copied.
+    files, so a planted link cannot make envbuild write elsewhere. Files are copies.
     """
     root.mkdir(parents=True, exist_ok=True)
     parts = tuple(_parts(name)) if name else ()
@@ -324,24 +304,15 @@ def write_context(
         top = folder(parts)
         with os.fdopen(_new_file(top, "Dockerfile"), "w", encoding="utf-8") as handle:
             handle.write(context.dockerfile)
+        if context.lock is not None:
+            with os.fdopen(_new_file(top, LOCK_NAME), "w", encoding="utf-8") as handle:
+                handle.write(context.lock.text)
         for target, source in context.files:
             *folders, filename = _parts(target)
             parent = folder((*parts, *folders))
-            _place(source, parent, filename, link=link_wheels and target != CA_NAME)
+            with source.open("rb") as src, os.fdopen(_new_file(parent, filename), "wb") as dst:
+                shutil.copyfileobj(src, dst, 1024 * 1024)
     finally:
         for fd in opened.values():
             os.close(fd)
     return root.joinpath(*parts)
-
-
-def _place(source: Path, parent: int, name: str, *, link: bool) -> None:
-    if link:
-        _remove(parent, name)
-        try:
-            os.link(source, name, dst_dir_fd=parent, follow_symlinks=True)
-        except OSError:
-            pass  # another file system: copy
-        else:
-            return
-    with source.open("rb") as src, os.fdopen(_new_file(parent, name), "wb") as dst:
-        shutil.copyfileobj(src, dst, 1024 * 1024)

@@ -11,8 +11,9 @@ from typing import Any
 from envbuild import __version__
 from envbuild.atomic import write_atomically
 from envbuild.errors import BadInput
-from envbuild.models import EntryResult, Fact, Plan, SmokeResult
+from envbuild.models import Fact, Plan
 from envbuild.redact import redact
+from envbuild.results import EntryResult, SmokeResult
 
 
 def plan_document(plan: Plan, *, explain: bool = False) -> dict[str, Any]:
@@ -136,6 +137,8 @@ def markdown_summary(results: list[EntryResult]) -> str:
         image = (
             f"`{result.image.id[7:19]}` ({'built' if result.image.built else 'found'})"
             if result.image
+            else "published already"
+            if result.published
             else "-"
         )
         loss = allreduce = "-"

@@ -9,8 +9,9 @@ from typing import Any
 from envbuild import labels as label_keys
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, SmokeFailed
-from envbuild.models import CPU, SmokeCheck, SmokeResult
+from envbuild.models import CPU
 from envbuild.resources import payload_harness_path, payload_path
+from envbuild.results import SmokeCheck, SmokeResult
 
 PAYLOAD_DIR = "/tmp/envbuild-smoke"
 GPU_CHOICES = ("auto", "all", "none")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import BadInput
-from envbuild.models import SmokeResult
+from envbuild.results import SmokeResult
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS smoke (

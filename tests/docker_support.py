@@ -20,6 +20,7 @@ import pytest
 
 from envbuild.engine import Engine, connect
 from envbuild.errors import EngineUnavailable
+from envbuild.models import Lock
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_REPOSITORY = "envbuild-test/{framework}"
@@ -62,6 +63,7 @@ def _remove_test_images(client: docker.DockerClient) -> None:
             except docker.errors.APIError as exc:
                 print(f"could not remove test image {image.short_id}: {exc}")
     client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=builder"})
+    client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=install"})
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -127,6 +129,19 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except OSError:
         shutil.copyfile(wheels[0], path / wheels[0].name)
     return path
+
+
+def compile_lock(entry_id: str, requirements: str, wheelhouse: Path = REPO / "wheelhouse") -> Lock:
+    """A lock for tests, resolved from the wheelhouse alone as `envbuild lock` would (uv)."""
+    uv = Path(sys.executable).with_name("uv")
+    result = subprocess.run(
+        [str(uv), "pip", "compile", "-", "--generate-hashes", "--quiet", "--no-header",
+         "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36",
+         "--find-links", str(wheelhouse), "--no-index"],
+        input=requirements, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"cannot lock {requirements!r}: {result.stderr}"
+    return Lock(entry_id=entry_id, text=result.stdout)
 
 
 TORCH_CPU_IMAGE = "envbuild-test/torch:2.13.0-cpu-py3.11-bookworm"

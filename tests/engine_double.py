@@ -71,7 +71,9 @@ class InMemoryEngine:
     runs: list[Run] = field(default_factory=list)
     pushes: list[tuple[str, str]] = field(default_factory=list)  # (image id, reference)
     probes: list[str] = field(default_factory=list)
-    secrets_removed: list[list[str]] = field(default_factory=list)
+    gateway: str = "127.0.0.1"  # where envbuild's build server listens during a build
+    # Called with the build arguments while a build runs, as its RUN steps would run then.
+    during_build: Callable[[dict[str, str]], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # -- what tests arrange -------------------------------------------------
@@ -155,6 +157,8 @@ class InMemoryEngine:
         if self.unavailable:
             msg = "lost the Docker engine during the build: connection refused"
             raise EngineUnavailable(msg)
+        if self.during_build is not None:
+            self.during_build(dict(build_args))
         steps = [line for line in dockerfile.splitlines() if line[:1].isalpha()]
         for index, step in enumerate(steps, 1):
             on_line(f"Step {index}/{len(steps)} : {step}")
@@ -223,10 +227,8 @@ class InMemoryEngine:
     def remove_leftovers(self) -> int:
         return 0  # the double leaves no containers behind
 
-    def remove_images_holding(self, secrets: list[str], *, label: str, since: float) -> int:
-        with self._lock:
-            self.secrets_removed.append(list(secrets))
-        return 0
+    def bridge_gateway(self, *, network: bool = True) -> str:
+        return self.gateway
 
     def remove_run_containers(self, run: str) -> int:
         return 0

@@ -162,6 +162,10 @@ def install(serve: str, venv: str, lock: str, scratch: str) -> None:
     if result.returncode != 0:
         msg = f"uv could not install {lock} (exit {result.returncode}); see its output above"
         raise InstallError(msg)
+    # uv's own lock file of the environment (empty, world-writable): nothing the image needs.
+    uv_lock = os.path.join(venv, ".lock")
+    if os.path.isfile(uv_lock) and os.path.getsize(uv_lock) == 0:
+        os.remove(uv_lock)
 
 
 def main(argv: list[str]) -> int:

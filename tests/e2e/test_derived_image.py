@@ -40,8 +40,9 @@ def derived(docker_client: docker.DockerClient, ours: str, tmp_path_factory: Any
     image, _ = docker_client.images.build(
         path=str(context), tag=DERIVED, labels={TEST_LABEL: "1"}, rm=True, network_mode="none"
     )
-    assert image.labels["org.envbuild.content-hash"] == (
-        docker_client.images.get(ours).labels["org.envbuild.content-hash"]
+    assert (
+        image.labels["org.envbuild.content-hash"]
+        == (docker_client.images.get(ours).labels["org.envbuild.content-hash"])
     ), "the derived image must inherit the content hash for this test to mean anything"
     return str(image.id)
 

@@ -82,7 +82,7 @@ def test_engine_killed_mid_build(
     rerun = envbuild(*args, "--no-smoke", env=env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert rows(tmp_path / "data", "built") == 1
-    assert exited(docker_client, "org.envbuild.stage=builder") == []  # the dead build's, removed
+    assert exited(docker_client, "org.envbuild.stage=install") == []  # the dead build's, removed
     docker_client.images.remove(IMAGE, force=True)
 
 

@@ -201,3 +201,31 @@ def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence
         assert verified.returncode == 0, verified.stderr
     records = ResultStore.default().publications(image)
     assert len([r for r in records[before:] if "/both/" in r.reference]) >= 2 * 3
+
+
+def test_build_push_of_an_unchanged_entry_builds_nothing_the_second_time(
+    docker_client: docker.DockerClient,
+    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    tmp_path: Path,
+) -> None:
+    """The nightly run where nothing upstream moved: the registry holds the entry's immutable
+    tag with its evidence, so the entry is reported as published already, not built or tested."""
+    _, _, args = torch_cpu_build
+    with RegistryServer(tmp_path / "registry") as server:
+        registry = f"{server.host}/nightly"
+        first = envbuild(*args[:-1], str(tmp_path / "first.json"), "--push", registry)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert "immutable" in first.stdout
+        pushed = catalog(server)
+        assert pushed == ["nightly/torch"]
+
+        again = envbuild(*args[:-1], str(tmp_path / "again.json"), "--push", registry)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "published already" in again.stderr
+        assert "publishing" not in again.stderr  # nothing pushed a second time
+        (result,) = json.loads((tmp_path / "again.json").read_text())["results"]
+        assert result["status"] == "published"
+        assert result["published"].startswith(f"{registry}/torch:2.13.0-cpu-py3.11-bookworm-")
+        assert result["image"] is None
+        assert result["smoke"] is None
+        assert catalog(server) == pushed

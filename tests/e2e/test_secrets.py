@@ -1,16 +1,34 @@
-"""Index credentials never leave envbuild: a failing build with debug logging, every output searched."""
+"""Nothing secret leaves envbuild: not through its output (a failing build with debug logging,
+every output searched), nor into the one-stage image (every layer, the history, the config)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import secrets
+import socket
+import struct
+import tarfile
+import tempfile
 import time
+import urllib.parse
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
-from tests.docker_support import envbuild, torch_cpu_args
+from envbuild.build import build_entry, prepare
+from envbuild.engine import Engine
+from envbuild.labels import LOCK_DIGEST
+from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
+from envbuild.models import BuildOptions, Knowledge, Lock, Selection
+from envbuild.redact import register_url
+from envbuild.render import check_options
+from envbuild.store import ResultStore
+from tests.docker_support import compile_lock, envbuild, torch_cpu_args
 from tests.fault_support import epoch
 
 pytestmark = pytest.mark.e2e
@@ -33,8 +51,8 @@ def test_no_output_of_a_failed_build_holds_the_index_password(
     args[index + 1] = f"https://team:{password}@127.0.0.1:9/simple"
     repository = args.index("--repository")
     args[repository + 1] = "envbuild-test/secrets-{framework}"
-    # --offline with a wheelhouse that holds torch alone: pip fails at once, the index
-    # settings still travel to the engine as build arguments (in the /build request's query).
+    # --offline with a wheelhouse that holds torch alone: the install fails at once; the index
+    # settings travel only through envbuild's build server, never in the /build request.
     args += ["--offline", "--no-smoke", "--junit", str(junit),
              "--extra-index-url", f"https://bot:{extra_password}@127.0.0.1:9/extra"]  # fmt: skip
     started = time.time()
@@ -58,3 +76,154 @@ def test_no_output_of_a_failed_build_holds_the_index_password(
     leaked = [(where, n) for where, text in outputs.items() for n in needles if n in text]
     assert leaked == []
     assert len(outputs) >= 5
+
+
+# -- the one-stage image: built from a lock, served its CA bundle, index and wheelhouse ---------
+
+SECRET_IMAGE = "envbuild-test/secrets-torch:one-stage"
+
+
+def deflated_chunk(wheel: Path) -> bytes:
+    """64 bytes of compressed data from inside the wheel: they exist only in the wheel file."""
+    with zipfile.ZipFile(wheel) as archive:
+        member = max(
+            (i for i in archive.infolist() if i.compress_type == zipfile.ZIP_DEFLATED),
+            key=lambda i: i.compress_size,
+        )
+    with wheel.open("rb") as handle:
+        handle.seek(member.header_offset)
+        header = handle.read(30)
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        handle.seek(
+            member.header_offset + 30 + name_length + extra_length + member.compress_size // 2
+        )
+        return handle.read(64)
+
+
+def needles_in_layers(
+    docker_client: docker.DockerClient, image: str, needles: list[bytes]
+) -> list[str]:
+    """Every (layer member, needle) where a needle occurs in a file's name or contents."""
+    found: list[str] = []
+    longest = max(len(n) for n in needles)
+    with tempfile.TemporaryDirectory(prefix="envbuild-test-save-") as tmp:
+        saved = Path(tmp) / "image.tar"
+        with saved.open("wb") as handle:
+            for chunk in docker_client.images.get(image).save(named=False):
+                handle.write(chunk)
+        with tarfile.open(saved) as outer:
+            for layer in outer.getmembers():
+                if not layer.name.endswith("layer.tar"):
+                    continue
+                extracted = outer.extractfile(layer)
+                assert extracted is not None
+                with tarfile.open(fileobj=extracted, mode="r|") as inner:
+                    for member in inner:
+                        if any(n in member.name.encode() for n in needles):
+                            found.append(f"{layer.name}:{member.name} (name)")
+                        data = inner.extractfile(member) if member.isfile() else None
+                        tail = b""
+                        while data is not None and (block := data.read(8 * 1024 * 1024)):
+                            window = tail + block
+                            found += [f"{layer.name}:{member.name}" for n in needles if n in window]
+                            tail = window[-longest:]
+    return found
+
+
+def pins(text: str) -> set[str]:
+    """name==version lines, names canonical (pip freeze writes Jinja2, the lock jinja2)."""
+    found = set()
+    for line in text.splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)", line.strip())
+        if match:
+            found.add(f"{re.sub(r'[-_.]+', '-', match[1]).lower()}=={match[2]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def one_stage(
+    docker_client: docker.DockerClient,
+    engine: Engine,
+    knowledge: Knowledge,
+    base_image: str,
+    wheelhouse: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """Build the torch CPU image once: torch from a wheelhouse holding it alone, its
+    dependencies from PyPI through an index URL with a password, with a CA bundle."""
+    tmp = tmp_path_factory.mktemp("one-stage")
+    marker = f"envbuild-ca-marker-{secrets.token_hex(8)}"
+    ca = tmp / "ca.pem"  # the host's bundle with a line no image may hold (PEM allows text)
+    ca.write_bytes(
+        f"# {marker}\n".encode() + Path("/etc/ssl/certs/ca-certificates.crt").read_bytes()
+    )
+    password = f"Pw-{secrets.token_hex(8)}"
+    options = check_options(
+        BuildOptions(
+            base_image=base_image, wheelhouse=wheelhouse, ca_bundle=ca,
+            index_url=f"https://envbuild-test:{password}@pypi.org/simple",
+        )
+    )  # fmt: skip
+    register_url(options.index_url or "")
+    selection = Selection(framework="torch", framework_version="2.13.0", cuda="cpu", python="3.11")
+    defaults = load_matrix(default_matrix_path(), knowledge)
+    (entry,) = make_plan(
+        knowledge, knowledge_matrix(knowledge, selection, defaults), selection
+    ).entries
+    entry = dataclasses.replace(entry, image=SECRET_IMAGE)
+    lock = compile_lock(entry.id, "torch==2.13.0+cpu\n")
+    context = prepare(engine, knowledge, entry, options, None, lock)
+    started = time.time()
+    built = build_entry(engine, context, store=ResultStore(tmp / "results.sqlite3"), no_cache=True)
+    (wheel,) = wheelhouse.glob("torch-*.whl")
+    return {
+        "built": built, "lock": lock, "started": started, "password": password,
+        "needles": [marker.encode(), password.encode(), deflated_chunk(wheel)],
+    }  # fmt: skip
+
+
+def test_no_secret_is_in_any_layer_the_history_or_the_config(
+    docker_client: docker.DockerClient, one_stage: dict[str, Any]
+) -> None:
+    needles: list[bytes] = one_stage["needles"]
+    assert needles_in_layers(docker_client, SECRET_IMAGE, needles) == []
+    image = docker_client.images.get(SECRET_IMAGE)
+    described = json.dumps([image.history(), image.attrs]).encode()
+    assert [n for n in needles if n in described] == []
+    # Nor in any image the build left (the classic builder keeps each step as an image).
+    for other in docker_client.images.list(all=True):
+        created = other.attrs.get("Created", "")
+        if created and epoch(created) >= one_stage["started"] - 5:
+            text = json.dumps([other.history(), other.attrs]).encode()
+            assert [n for n in needles if n in text] == [], other.id
+
+
+def test_the_served_url_in_the_history_grants_nothing_after_the_build(
+    docker_client: docker.DockerClient, one_stage: dict[str, Any]
+) -> None:
+    history = json.dumps(docker_client.images.get(SECRET_IMAGE).history())
+    (url,) = set(re.findall(r"ENVBUILD_SERVE=(http://[^ \"]+)", history))
+    parsed = urllib.parse.urlsplit(url)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((parsed.hostname, parsed.port), timeout=5).close()
+
+
+def test_the_image_holds_its_lock_and_exactly_its_pins(
+    docker_client: docker.DockerClient, one_stage: dict[str, Any]
+) -> None:
+    lock: Lock = one_stage["lock"]
+    image = docker_client.images.get(SECRET_IMAGE)
+    assert image.labels[LOCK_DIGEST] == lock.digest
+    assert image.labels["org.envbuild.stage"] == "image"
+    script = (
+        "cat /opt/venv/envbuild.lock; echo ----; /opt/venv/bin/pip freeze --all; echo ----; "
+        "ls -A /tmp; test -e /opt/venv/bin/uv && echo UV-LEFT; "
+        "find / -xdev \\( -name ca.crt -o -name 'torch-*.whl' -o -name 'install_env.py' \\) -print"
+    )
+    output = docker_client.containers.run(
+        SECRET_IMAGE, ["sh", "-c", script], remove=True, network_mode="none"
+    ).decode()
+    kept, freeze, leftovers = output.split("----\n")
+    assert kept == lock.text
+    assert pins(freeze) - {p for p in pins(freeze) if p.startswith("pip==")} == pins(lock.text)
+    assert leftovers.strip() == ""

@@ -81,13 +81,15 @@ def test_no_helper_file_or_credential_reaches_the_image(
     assert listing.strip() == ""
 
 
-def test_no_cached_builder_image_holds_the_index_password(
+def test_no_image_the_build_left_holds_the_index_password(
     docker_client: docker.DockerClient, first_build: object
 ) -> None:
-    # The classic builder writes build arguments into each RUN step's history; the builder
-    # stage's cache of a build whose index URL holds a password is dropped after the build.
-    builder = docker_client.images.list(all=True, filters={"label": "org.envbuild.stage=builder"})
-    holding = [i.id for i in builder if SECRET in json.dumps(i.history())]
+    # The classic builder keeps each step as an image and writes build arguments into its
+    # history. Index settings are served to the one install step, never passed as arguments,
+    # so no step of the build (the install step's images are labelled) holds the password.
+    steps = docker_client.images.list(all=True, filters={"label": "org.envbuild.stage=install"})
+    assert steps  # the filter finds the build's own steps
+    holding = [i.id for i in steps if SECRET in json.dumps(i.history()) + json.dumps(i.attrs)]
     assert holding == []
 
 

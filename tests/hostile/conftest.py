@@ -5,4 +5,7 @@ deadlines are real seconds and every CLI case starts a process; the unit tier st
 
 from __future__ import annotations
 
-from tests.unit.conftest import _no_docker  # noqa: F401 - autouse fixture, found by name
+from tests.unit.conftest import (
+    _no_docker,  # noqa: F401 - autouse fixture, found by name
+    _own_cache,  # noqa: F401 - autouse fixture, found by name
+)

@@ -14,3 +14,10 @@ def _no_docker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(docker, "from_env", refuse)
     monkeypatch.setattr(docker.DockerClient, "__init__", refuse)
     monkeypatch.setattr(docker.APIClient, "__init__", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own $XDG_CACHE_HOME: locks and build logs never leak between tests or
+    into the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))

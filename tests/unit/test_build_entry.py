@@ -6,6 +6,9 @@ Only the engine is a double; the knowledge base, rendering and the result store 
 from __future__ import annotations
 
 import inspect
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from envbuild.docker_engine import DockerEngine
 from envbuild.engine import Engine
 from envbuild.errors import BuildFailed
 from envbuild.matrix import default_matrix_path, load_matrix, make_plan
-from envbuild.models import HASH_LABEL, BuildContext, BuildOptions, Knowledge, Selection
+from envbuild.models import HASH_LABEL, BuildContext, BuildOptions, Knowledge, Lock, Selection
 from envbuild.store import ResultStore
 from tests.engine_double import InMemoryEngine
 
@@ -54,7 +57,10 @@ def context_for(
     (entry,) = make_plan(knowledge, load_matrix(default_matrix_path(), knowledge), chosen).entries
     if entry.base_image not in double.bases:
         double.add_base(entry.base_image, python=entry.python)
-    return prepare(double, knowledge, entry, options or BuildOptions())
+    lock = Lock(
+        entry_id=entry.id, text=f"{entry.install.requirement} \\\n    --hash=sha256:{'0' * 64}\n"
+    )
+    return prepare(double, knowledge, entry, options or BuildOptions(), None, lock)
 
 
 def test_a_build_is_tagged_labelled_logged_and_recorded(
@@ -183,12 +189,26 @@ def test_a_failed_build_names_the_entry_and_its_log_and_records_nothing(
     assert store.built_image(context.content_hash) is None
 
 
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return bytes(response.read())
+
+
 @pytest.mark.parametrize("fails", [False, True], ids=["built", "failed"])
-def test_cached_builder_images_holding_an_index_password_are_removed(
-    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, fails: bool
+def test_secrets_are_served_during_the_build_and_never_a_build_argument(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, tmp_path: Path, fails: bool
 ) -> None:
-    options = BuildOptions(index_url="https://ci:hunter2-pw@mirror.example/simple")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nteam CA\n")
+    options = BuildOptions(index_url="https://ci:hunter2-pw@mirror.example/simple", ca_bundle=ca)
     context = context_for(double, knowledge, options)
+    fetched: dict[str, bytes] = {}
+
+    def install(build_args: dict[str, str]) -> None:  # what the image's install RUN fetches
+        for name in ("config.json", "ca.crt"):
+            fetched[name] = fetch(build_args["ENVBUILD_SERVE"] + name)
+
+    double.during_build = install
     if fails:
         double.failing_builds[context.entry.image] = "network unreachable"
         with pytest.raises(BuildFailed):
@@ -196,15 +216,39 @@ def test_cached_builder_images_holding_an_index_password_are_removed(
     else:
         build_entry(double, context, store=store)
     (build,) = double.builds
-    assert build.build_args == {"PIP_INDEX_URL": options.index_url}
-    assert double.secrets_removed == [["hunter2-pw"]]
+    assert list(build.build_args) == ["ENVBUILD_SERVE"]
+    url = build.build_args["ENVBUILD_SERVE"]
+    assert url.startswith("http://127.0.0.1:")
+    assert "hunter2-pw" not in url
+    assert json.loads(fetched["config.json"])["index_url"] == options.index_url
+    assert fetched["ca.crt"] == ca.read_bytes()
+    assert sorted(build.files) == ["Dockerfile", "envbuild.lock", "install_env.py"]
+    with pytest.raises(urllib.error.URLError):  # the URL the history keeps grants nothing
+        fetch(url + "config.json")
 
 
-def test_without_credentials_no_cached_image_is_removed(
-    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+def test_an_offline_build_has_no_network_and_is_served_no_index(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, tmp_path: Path
 ) -> None:
-    build_entry(double, context_for(double, knowledge), store=store)
-    assert double.secrets_removed == []
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "jax-0.10.2-py3-none-any.whl").write_bytes(b"w")
+    (wheels / "jaxlib-0.10.2-cp311-cp311-manylinux_2_27_x86_64.whl").write_bytes(b"w")
+    options = BuildOptions(wheelhouse=wheels, offline=True, index_url="https://u:pw@m.example/s")
+    context = context_for(double, knowledge, options)
+    fetched: dict[str, bytes] = {}
+
+    def install(build_args: dict[str, str]) -> None:
+        fetched["config"] = fetch(build_args["ENVBUILD_SERVE"] + "config.json")
+        fetched["listing"] = fetch(build_args["ENVBUILD_SERVE"] + "wheels/")
+
+    double.during_build = install
+    build_entry(double, context, store=store)
+    (build,) = double.builds
+    assert not build.network
+    config = json.loads(fetched["config"])
+    assert (config["offline"], config["index_url"], config["extra_index_urls"]) == (True, None, [])
+    assert b"jaxlib-0.10.2-cp311" in fetched["listing"]
 
 
 def test_a_record_naming_an_image_without_the_content_hash_is_not_trusted(

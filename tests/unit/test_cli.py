@@ -10,7 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from envbuild.cli import main
-from envbuild.models import Knowledge
+from envbuild.models import BuildOptions, Knowledge, Selection
+from tests.lock_support import fresh_lock, the_entry
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -41,6 +42,8 @@ def test_plan_json_lists_only_releases_that_publish_cu121(knowledge: Knowledge) 
         "os",
         "base_image",
         "image",
+        "packages",
+        "lock",
     }
     assert all(x["reason"] for x in document["excluded"])
     assert {x["framework_version"] for x in document["excluded"]} == {
@@ -94,11 +97,14 @@ def test_an_empty_selection_exits_2() -> None:
     assert "publishes no wheels for Python 3.7" in err
 
 
-def test_render_writes_contexts(tmp_path: Path) -> None:
-    code, out, _ = run(
+def test_render_writes_contexts(tmp_path: Path, knowledge: Knowledge) -> None:
+    for cuda in ("12.1", "12.4"):  # their locks, as `envbuild lock` leaves them
+        chosen = Selection(framework="torch", framework_version="2.4.1", cuda=cuda)
+        fresh_lock(the_entry(knowledge, chosen), BuildOptions(), knowledge)
+    code, out, err = run(
         "render", "--framework-version", "2.4.1", "--cuda", "12", "-o", str(tmp_path)
     )
-    assert code == 0
+    assert code == 0, err
     written = sorted(p.parent.name for p in tmp_path.glob("*/Dockerfile"))
     assert written == ["torch2.4.1-cu121-py3.11-bookworm", "torch2.4.1-cu124-py3.11-bookworm"]
     assert "torch2.4.1-cu121-py3.11-bookworm" in out

@@ -16,9 +16,10 @@ from envbuild.errors import BadInput
 from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 from envbuild.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Selection
 from envbuild.pipeline import Event, RunOptions, run_entries
-from envbuild.report import EntryResult
+from envbuild.results import EntryResult
 from envbuild.store import ResultStore
 from tests.engine_double import InMemoryEngine
+from tests.lock_support import placeholder_lock
 
 SKIPPED = "not built: an earlier entry failed (use --keep-going to build the rest)"
 # What the torch payload prints for a CPU image whose training step and all-reduce worked.
@@ -91,6 +92,7 @@ def run(
     return run_entries(
         knowledge, entries, BuildOptions(), RunOptions(**options),  # type: ignore[arg-type]
         store=store, on_event=(events if events is not None else []).append, connect=connect,
+        locks={e.id: placeholder_lock(e) for e in entries},
     )  # fmt: skip
 
 
@@ -295,3 +297,55 @@ def test_a_vetted_result_is_not_reused_for_a_rebuilt_image(
     assert again.image.id != first.image.id
     assert not again.smoke_reused
     assert [r.image_id for r in double.runs] == [first.image.id, again.image.id]
+
+
+# -- build --push: what the registry holds already is neither built nor smoke-tested ---------
+
+
+def test_an_entry_the_registry_holds_vetted_is_not_built_again(
+    knowledge: Knowledge, store: ResultStore, torch_entries: tuple[Entry, ...]
+) -> None:
+    from envbuild.build import prepare
+    from envbuild.published import entry_target
+    from tests.hostile_registry import OCI_MANIFEST, HostileRegistry, Published, json_answer, sha256
+
+    double = with_bases(torch_entries)
+    first = torch_entries[0]
+    content_hash = prepare(
+        double, knowledge, first, BuildOptions(), None, placeholder_lock(first)
+    ).content_hash
+    content = Published()
+    manifest = content.manifest()
+    where = entry_target("127.0.0.1:1/team", first.image, content_hash)
+    served = json_answer(manifest, OCI_MANIFEST, **{"Docker-Content-Digest": sha256(manifest)})
+    routes = content.routes(**{f"/manifests/{where.immutable}$": lambda seen: served})
+    events: list[Event] = []
+    with HostileRegistry(routes) as server:
+        results = run(
+            double, knowledge, torch_entries, store, events, jobs=2,
+            push_registry=f"{server.host}/team",
+        )  # fmt: skip
+    assert [r.status for r in results] == ["published", "built", "built"]
+    assert results[0].published == (
+        f"{server.host}/team/torch:{where.immutable}@{sha256(manifest)}"
+    )
+    assert results[0].passed  # the registry's evidence stands for it
+    assert first.image not in entry_builds(double)
+    said = [e for e in events if e.entry_id == first.id]
+    assert [e.state for e in said] == ["published"]  # neither built nor smoke-tested
+    assert "published already" in said[0].detail
+
+
+def test_an_unreachable_registry_stops_the_run_before_any_build(
+    knowledge: Knowledge,
+    store: ResultStore,
+    torch_entries: tuple[Entry, ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from envbuild.registry import RegistryUnreachable
+
+    monkeypatch.setenv("ENVBUILD_REGISTRY_TIMEOUT", "2")
+    double = with_bases(torch_entries)
+    with pytest.raises(RegistryUnreachable):
+        run(double, knowledge, torch_entries, store, push_registry="127.0.0.1:9/team")
+    assert entry_builds(double) == []

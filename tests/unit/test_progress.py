@@ -11,17 +11,10 @@ import pytest
 
 from envbuild.matrix import make_plan
 from envbuild.matrix_file import default_matrix_path, load_matrix
-from envbuild.models import (
-    BuiltImage,
-    Entry,
-    EntryResult,
-    Knowledge,
-    Selection,
-    SmokeCheck,
-    SmokeResult,
-)
+from envbuild.models import BuiltImage, Entry, Knowledge, Selection
 from envbuild.pipeline import Event
 from envbuild.progress import ProgressView
+from envbuild.results import EntryResult, SmokeCheck, SmokeResult
 
 STAMP = re.compile(r"^\[ *\d+\.\d+s\] ")
 

@@ -11,18 +11,12 @@ import pytest
 from envbuild.build import build_entry, prepare
 from envbuild.errors import BadInput
 from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import (
-    HASH_LABEL,
-    BuildOptions,
-    Entry,
-    Knowledge,
-    Selection,
-    SmokeCheck,
-    SmokeResult,
-)
+from envbuild.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Selection
 from envbuild.publish import NotOurs, NotVetted, candidate, moving_tags, publish_image
+from envbuild.results import SmokeCheck, SmokeResult
 from envbuild.store import ResultStore
 from tests.engine_double import InMemoryEngine
+from tests.lock_support import placeholder_lock
 
 # Port 9 (discard) refuses connections: reaching the registry would fail differently.
 REGISTRY = "127.0.0.1:9/team"
@@ -50,7 +44,7 @@ def built(double: InMemoryEngine, knowledge: Knowledge, store: ResultStore) -> t
     """jax on the CPU, built by envbuild; its image id."""
     entry = entry_of(knowledge, "jax", "0.10.2")
     double.add_base(entry.base_image, python=entry.python)
-    context = prepare(double, knowledge, entry, BuildOptions())
+    context = prepare(double, knowledge, entry, BuildOptions(), None, placeholder_lock(entry))
     return entry, build_entry(double, context, store=store).id
 
 

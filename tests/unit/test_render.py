@@ -1,7 +1,9 @@
-"""Rendering: golden Dockerfiles that hadolint accepts, and nothing secret in what is rendered."""
+"""Rendering: golden Dockerfiles that hadolint accepts, one install stage, nothing secret in what
+is rendered, and a content hash that follows the lock, never the CA bundle or the wheelhouse."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -12,13 +14,25 @@ import pytest
 
 from envbuild.errors import BadInput
 from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import BaseProbe, BuildOptions, Entry, Knowledge, Selection
-from envbuild.render import render_entry, wheelhouse_files, write_context
+from envbuild.models import BaseProbe, BuildOptions, Entry, Knowledge, Lock, Selection
+from envbuild.render import has_framework_wheel, render_entry, write_context
+from envbuild.wheelhouse import wheelhouse_files
 
 GOLDEN = Path(__file__).parent / "golden"
 BARE_BOOKWORM = BaseProbe(
     ref="base", image_id="sha256:abc", os_id="debian", os_codename="bookworm", python=None
 )
+
+
+def lock_of(*pins: str) -> Lock:
+    """A lock in `uv pip compile --generate-hashes` form (render does not resolve it)."""
+    text = "".join(
+        f"{pin} \\\n    --hash=sha256:{hashlib.sha256(pin.encode()).hexdigest()}\n" for pin in pins
+    )
+    return Lock(entry_id="test", text=text)
+
+
+LOCK = lock_of("torch==2.13.0+cpu", "filelock==3.0.0")
 
 
 def entry(
@@ -75,7 +89,10 @@ def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> 
     version, cuda, kind, probe = CASES[name]
     framework = name.split("-")[0]
     context = render_entry(
-        entry(knowledge, version, cuda, framework=framework), options_for(kind, tmp_path), probe
+        entry(knowledge, version, cuda, framework=framework),
+        options_for(kind, tmp_path),
+        probe,
+        LOCK,
     )
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
@@ -85,27 +102,63 @@ def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_credentials_only_travel_as_build_args(knowledge: Knowledge, tmp_path: Path) -> None:
-    context = render_entry(entry(knowledge, "2.4.1", "11.8"), options_for("mirror", tmp_path))
+def test_credentials_reach_neither_the_dockerfile_nor_a_build_arg_nor_the_context(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    options = options_for("mirror", tmp_path)
+    context = render_entry(entry(knowledge, "2.4.1", "11.8"), options, None, LOCK)
     assert "s3cret" not in context.dockerfile
     assert "t0ken" not in context.dockerfile
-    assert context.build_args == {
-        "PIP_INDEX_URL": "https://user:s3cret@mirror.example/simple",
-        "PIP_EXTRA_INDEX_URL": "https://token:t0ken@extra.example/simple",
-    }
-    written = write_context(context, tmp_path / "ctx")
-    assert not any("s3cret" in p.read_text() for p in written.rglob("*") if p.is_file())
-
-
-def test_the_final_stage_copies_only_the_venv(knowledge: Knowledge, tmp_path: Path) -> None:
-    context = render_entry(
-        entry(knowledge, "2.13.0", "cpu"), options_for("wheelhouse", tmp_path), BARE_BOOKWORM
+    assert context.build_args == {}
+    # The build server hands them to the install RUN, the framework's index last.
+    assert context.served.index_url == options.index_url
+    assert context.served.extra_index_urls == (
+        *options.extra_index_urls,
+        "https://download.pytorch.org/whl/cu118",
     )
-    final_stage = context.dockerfile.rsplit("\nFROM runtime\n", 1)[1]
-    assert "COPY --from=builder /opt/venv /opt/venv" in final_stage
-    assert "/tmp/envbuild" not in final_stage
-    assert "ARG" not in final_stage
-    assert "apt-get install -y --no-install-recommends python3 python3-venv" in context.dockerfile
+    assert "s3cret" not in repr(context)
+    written = write_context(context, tmp_path / "ctx")
+    assert sorted(p.name for p in written.rglob("*")) == [
+        "Dockerfile", "envbuild.lock", "install_env.py",
+    ]  # fmt: skip
+    assert not any(b"s3cret" in p.read_bytes() for p in written.rglob("*"))
+    assert (written / "envbuild.lock").read_text() == LOCK.text
+
+
+def test_the_context_holds_neither_the_ca_bundle_nor_a_wheel(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    options = options_for("wheelhouse", tmp_path)
+    context = render_entry(entry(knowledge, "2.13.0", "cpu"), options, BARE_BOOKWORM, LOCK)
+    written = write_context(context, tmp_path / "ctx")
+    assert sorted(p.name for p in written.rglob("*")) == [
+        "Dockerfile", "envbuild.lock", "install_env.py",
+    ]  # fmt: skip
+    assert context.served.ca_bundle == (tmp_path / "ca.pem").resolve()
+    assert [w.name for w in context.served.wheels] == [
+        "filelock-3.0.0-py3-none-any.whl",
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+    ]
+
+
+def test_one_stage_installs_the_lock_and_keeps_it(knowledge: Knowledge, tmp_path: Path) -> None:
+    context = render_entry(
+        entry(knowledge, "2.13.0", "cpu"), options_for("wheelhouse", tmp_path), BARE_BOOKWORM, LOCK
+    )
+    dockerfile = context.dockerfile
+    assert [line for line in dockerfile.splitlines() if line.startswith("FROM")] == [
+        "FROM envbuild/base:bookworm AS runtime",
+        "FROM runtime",
+    ]
+    assert "--from=" not in dockerfile
+    assert [line for line in dockerfile.splitlines() if line.startswith("ARG")] == [
+        "ARG ENVBUILD_SERVE"
+    ]
+    assert "COPY envbuild.lock /opt/venv/envbuild.lock" in dockerfile
+    run = [line for line in dockerfile.splitlines() if "install_env.py /opt/venv" in line]
+    assert run == ["RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \\"]
+    assert f'org.envbuild.lock-digest="{LOCK.digest}"' in dockerfile
+    assert "apt-get install -y --no-install-recommends python3 python3-venv" in dockerfile
 
 
 def test_cuda_entries_carry_no_system_cuda(knowledge: Knowledge, tmp_path: Path) -> None:
@@ -114,31 +167,33 @@ def test_cuda_entries_carry_no_system_cuda(knowledge: Knowledge, tmp_path: Path)
              ("jax", "0.10.2", "13")]  # fmt: skip
     for framework, version, cuda in cases:
         e = entry(knowledge, version, cuda, framework=framework)
-        dockerfile = render_entry(e, BuildOptions()).dockerfile
+        dockerfile = render_entry(e, BuildOptions(), None, LOCK).dockerfile
         assert "nvidia/cuda" not in dockerfile
         assert "cuda-toolkit" not in dockerfile
         assert "apt-get install" not in dockerfile
 
 
-def test_the_hash_ignores_the_ca_bundle_and_credentials_but_not_the_wheels(
+def test_the_hash_follows_the_lock_and_the_base_never_the_ca_bundle_or_the_wheelhouse(
     knowledge: Knowledge, tmp_path: Path
 ) -> None:
     e = entry(knowledge, "2.13.0", "cpu")
-    first = render_entry(e, options_for("wheelhouse", tmp_path), BARE_BOOKWORM)
-    (tmp_path / "ca.pem").write_text("another CA\n")
-    assert (
-        render_entry(e, first_options(tmp_path), BARE_BOOKWORM).content_hash == first.content_hash
-    )
-    (tmp_path / "wheels" / "filelock-3.0.0-py3-none-any.whl").write_bytes(
-        b"a rebuilt wheel of other size"
-    )
-    assert (
-        render_entry(e, first_options(tmp_path), BARE_BOOKWORM).content_hash != first.content_hash
-    )
+    first = render_entry(e, options_for("wheelhouse", tmp_path), BARE_BOOKWORM, LOCK).content_hash
+
+    def again(lock: Lock = LOCK, base: BaseProbe = BARE_BOOKWORM) -> str:
+        return render_entry(e, first_options(tmp_path), base, lock).content_hash
+
+    assert again() == first
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nanother CA\n")
+    assert again() == first
+    (tmp_path / "wheels" / "numpy-2.0.0-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"w")
+    (tmp_path / "wheels" / "filelock-3.0.0-py3-none-any.whl").write_bytes(b"rebuilt, other size")
+    assert again() == first
+    assert again(lock=lock_of("torch==2.13.0+cpu", "filelock==3.0.1")) != first
+    assert again(lock=Lock(entry_id="test", text=LOCK.text + "# a comment\n")) != first
     other_base = BaseProbe(
         ref="base", image_id="sha256:def", os_id="debian", os_codename="bookworm", python=None
     )
-    assert render_entry(e, first_options(tmp_path), other_base).content_hash != first.content_hash
+    assert again(base=other_base) != first
 
 
 def first_options(tmp_path: Path) -> BuildOptions:
@@ -149,22 +204,35 @@ def first_options(tmp_path: Path) -> BuildOptions:
     )
 
 
-def test_wheelhouse_keeps_other_variants_of_the_framework_out(
+def test_the_served_wheelhouse_skips_links_and_other_files(tmp_path: Path) -> None:
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not for the build")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "sympy-1.13.0-py3-none-any.whl").write_bytes(b"x")
+    (wheels / "six-1.0.tar.gz").write_bytes(b"x")
+    (wheels / "planted-1.0-py3-none-any.whl").symlink_to(outside)
+    (wheels / "notes.txt").write_text("x")
+    (wheels / "folder.whl").mkdir()
+    assert [p.name for p in wheelhouse_files(wheels)] == [
+        "six-1.0.tar.gz",
+        "sympy-1.13.0-py3-none-any.whl",
+    ]
+
+
+def test_the_framework_wheel_must_match_version_and_python(
     knowledge: Knowledge, tmp_path: Path
 ) -> None:
-    for name in (
-        "torch-2.4.1+cpu-cp311-cp311-linux_x86_64.whl",
-        "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl",
-        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
-        "sympy-1.13.0-py3-none-any.whl",
-    ):
-        (tmp_path / name).write_bytes(b"x")
-    files, has_framework = wheelhouse_files(entry(knowledge, "2.4.1", "12.1"), tmp_path)
-    assert [f.name for f in files] == [
-        "sympy-1.13.0-py3-none-any.whl",
-        "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl",
+    e = entry(knowledge, "2.4.1", "12.1")
+    wrong = [
+        tmp_path / "torch-2.4.1+cpu-cp311-cp311-linux_x86_64.whl",
+        tmp_path / "torch-2.4.1-cp312-cp312-manylinux1_x86_64.whl",
+        tmp_path / "sympy-1.13.0-py3-none-any.whl",
     ]
-    assert has_framework
+    assert not has_framework_wheel(e, wrong)
+    assert has_framework_wheel(
+        e, [*wrong, tmp_path / "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl"]
+    )
 
 
 def test_offline_without_the_framework_wheel_is_refused(
@@ -174,12 +242,43 @@ def test_offline_without_the_framework_wheel_is_refused(
         BadInput, match=r"--offline: the wheelhouse holds no torch==2.13.0\+cpu wheel"
     ):
         render_entry(
-            entry(knowledge, "2.13.0", "cpu"), BuildOptions(wheelhouse=tmp_path, offline=True)
+            entry(knowledge, "2.13.0", "cpu"),
+            BuildOptions(wheelhouse=tmp_path, offline=True),
+            None,
+            LOCK,
         )
+
+
+def test_offline_serves_no_index(knowledge: Knowledge, tmp_path: Path) -> None:
+    options = options_for("wheelhouse", tmp_path)
+    options = BuildOptions(
+        wheelhouse=options.wheelhouse, offline=True, index_url="https://u:pw@mirror.example/simple"
+    )
+    served = render_entry(entry(knowledge, "2.13.0", "cpu"), options, None, LOCK).served
+    assert served.offline
+    assert (served.index_url, served.extra_index_urls) == (None, ())
 
 
 def test_a_missing_ca_bundle_is_bad_input(knowledge: Knowledge, tmp_path: Path) -> None:
     with pytest.raises(BadInput, match=r"--ca-bundle .*: no such file"):
         render_entry(
-            entry(knowledge, "2.13.0", "cpu"), BuildOptions(ca_bundle=tmp_path / "none.pem")
+            entry(knowledge, "2.13.0", "cpu"),
+            BuildOptions(ca_bundle=tmp_path / "none.pem"),
+            None,
+            LOCK,
         )
+
+
+def hostile_lock_lines() -> list[str]:
+    options = ["--index-url https://evil.example/simple", "--extra-index-url=https://e/x",
+               "-i https://evil.example", "--find-links /etc", "-r /etc/passwd",
+               "-c constraints.txt", "-e git+https://evil.example/x", "--trusted-host evil",
+               "--no-binary :all:"]  # fmt: skip
+    return [*options, *(f"  {line}" for line in options), "torch==2.13.0\0"]
+
+
+@pytest.mark.parametrize("line", hostile_lock_lines())
+def test_a_lock_with_pip_options_is_refused(knowledge: Knowledge, line: str) -> None:
+    lock = Lock(entry_id="test", text=LOCK.text + line + "\n", path=Path("team.lock/x.txt"))
+    with pytest.raises(BadInput, match=r"lock 'team.lock/x.txt':5: .* run `envbuild lock` again"):
+        render_entry(entry(knowledge, "2.13.0", "cpu"), BuildOptions(), None, lock)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.matrix import default_matrix_path, load_matrix, make_plan
-from envbuild.models import BuiltImage, Entry, Knowledge, Selection, SmokeCheck, SmokeResult
+from envbuild.models import BuiltImage, Entry, Knowledge, Selection
 from envbuild.redact import forget_all, register_url
 from envbuild.report import (
     EntryResult,
@@ -20,6 +20,7 @@ from envbuild.report import (
     write_json,
     write_text,
 )
+from envbuild.results import SmokeCheck, SmokeResult
 
 SKIPPED = "not built: an earlier entry failed (use --keep-going to build the rest)"
 BUILD_ERROR = "build failed: exit 1 (last output: Collecting jax | ERROR: No matching distribution)"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import EXIT_BAD_INPUT
-from envbuild.models import SmokeCheck, SmokeResult
+from envbuild.results import SmokeCheck, SmokeResult
 from envbuild.store import ResultStore, StateError, data_dir
 
 IMAGE_A = "sha256:" + "a" * 64

@@ -3,19 +3,18 @@
 FROM python:3.11-slim-bookworm AS runtime
 # Python 3.11 comes from the base image.
 
-FROM runtime AS builder
-LABEL org.envbuild.stage="builder"
-# Index settings arrive as build arguments of this stage only: they may carry credentials.
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
+FROM runtime
 # JAX 0.10.2 with the CUDA 13 plugin: the cuda13 extra pulls the
 # newest nvidia-* CUDA 13.x wheels it allows. LD_LIBRARY_PATH stays unset so they are used.
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
-      "jax[cuda13]==0.10.2"
-
-FROM runtime
-COPY --from=builder /opt/venv /opt/venv
+COPY install_env.py /tmp/envbuild/install_env.py
+COPY envbuild.lock /opt/venv/envbuild.lock
+# Set while the install runs, so that its container, left by an engine that died, is found again.
+LABEL org.envbuild.stage="install"
+# The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
+# wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
+ARG ENVBUILD_SERVE
+RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \
+ && rm -rf /tmp/envbuild
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv"
 # CUDA 13, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
@@ -30,6 +29,8 @@ LABEL org.envbuild.entry-id="jax0.10.2-cu13-py3.11-bookworm" \
       org.envbuild.nccl="" \
       org.envbuild.python="3.11" \
       org.envbuild.os="bookworm" \
+      org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
+      org.envbuild.stage="image" \
       org.opencontainers.image.title="jax 0.10.2 (CUDA 13, cu13, Python 3.11)" \
       org.opencontainers.image.version="0.10.2" \
       org.opencontainers.image.base.name="python:3.11-slim-bookworm"

@@ -3,16 +3,18 @@
 FROM python:3.11-slim-bookworm AS runtime
 # Python 3.11 comes from the base image.
 
-FROM runtime AS builder
-LABEL org.envbuild.stage="builder"
+FROM runtime
 # TensorFlow 2.15.1 with CUDA 12.2: the and-cuda extra pulls CUDA, cuDNN and
 # NCCL as nvidia-*-cu12 wheels, which TensorFlow finds inside the venv.
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
-      "tensorflow[and-cuda]==2.15.1"
-
-FROM runtime
-COPY --from=builder /opt/venv /opt/venv
+COPY install_env.py /tmp/envbuild/install_env.py
+COPY envbuild.lock /opt/venv/envbuild.lock
+# Set while the install runs, so that its container, left by an engine that died, is found again.
+LABEL org.envbuild.stage="install"
+# The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
+# wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
+ARG ENVBUILD_SERVE
+RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \
+ && rm -rf /tmp/envbuild
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv"
 # CUDA 12.2, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
@@ -27,6 +29,8 @@ LABEL org.envbuild.entry-id="tensorflow2.15.1-cu122-py3.11-bookworm" \
       org.envbuild.nccl="2.16.5" \
       org.envbuild.python="3.11" \
       org.envbuild.os="bookworm" \
+      org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
+      org.envbuild.stage="image" \
       org.opencontainers.image.title="tensorflow 2.15.1 (CUDA 12.2, cu122, Python 3.11)" \
       org.opencontainers.image.version="2.15.1" \
       org.opencontainers.image.base.name="python:3.11-slim-bookworm"

@@ -7,18 +7,17 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
 
-FROM runtime AS builder
-LABEL org.envbuild.stage="builder"
-COPY envbuild/ /tmp/envbuild/
-# The CPU wheel comes from the wheelhouse.
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
-      --cert /tmp/envbuild/ca.crt \
-      --find-links /tmp/envbuild/wheelhouse \
-      "torch==2.13.0+cpu"
-
 FROM runtime
-COPY --from=builder /opt/venv /opt/venv
+# The CPU wheel comes from the wheelhouse.
+COPY install_env.py /tmp/envbuild/install_env.py
+COPY envbuild.lock /opt/venv/envbuild.lock
+# Set while the install runs, so that its container, left by an engine that died, is found again.
+LABEL org.envbuild.stage="install"
+# The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
+# wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
+ARG ENVBUILD_SERVE
+RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \
+ && rm -rf /tmp/envbuild
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv"
 LABEL org.envbuild.entry-id="torch2.13.0-cpu-py3.11-bookworm" \
@@ -29,6 +28,8 @@ LABEL org.envbuild.entry-id="torch2.13.0-cpu-py3.11-bookworm" \
       org.envbuild.nccl="" \
       org.envbuild.python="3.11" \
       org.envbuild.os="bookworm" \
+      org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
+      org.envbuild.stage="image" \
       org.opencontainers.image.title="torch 2.13.0 (CPU, Python 3.11)" \
       org.opencontainers.image.version="2.13.0" \
       org.opencontainers.image.base.name="envbuild/base:bookworm"

@@ -3,15 +3,17 @@
 FROM python:3.11-slim-bookworm AS runtime
 # Python 3.11 comes from the base image.
 
-FROM runtime AS builder
-LABEL org.envbuild.stage="builder"
-# PyPI's plain torch 2.14.0 wheel is the CUDA 13.0, cu130 build: install it from PyPI.
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
-      "torch==2.14.0"
-
 FROM runtime
-COPY --from=builder /opt/venv /opt/venv
+# PyPI's plain torch 2.14.0 wheel is the CUDA 13.0, cu130 build: install it from PyPI.
+COPY install_env.py /tmp/envbuild/install_env.py
+COPY envbuild.lock /opt/venv/envbuild.lock
+# Set while the install runs, so that its container, left by an engine that died, is found again.
+LABEL org.envbuild.stage="install"
+# The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
+# wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
+ARG ENVBUILD_SERVE
+RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \
+ && rm -rf /tmp/envbuild
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv"
 # CUDA 13.0, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
@@ -26,6 +28,8 @@ LABEL org.envbuild.entry-id="torch2.14.0-cu130-py3.11-bookworm" \
       org.envbuild.nccl="2.30.7" \
       org.envbuild.python="3.11" \
       org.envbuild.os="bookworm" \
+      org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
+      org.envbuild.stage="image" \
       org.opencontainers.image.title="torch 2.14.0 (CUDA 13.0, cu130, Python 3.11)" \
       org.opencontainers.image.version="2.14.0" \
       org.opencontainers.image.base.name="python:3.11-slim-bookworm"

@@ -573,6 +573,43 @@ def special_cases() -> Iterator[Case]:
     yield Case("special-root", special=fixed("/"), expect="is a directory")
 
 
+def package_cases() -> Iterator[Case]:
+    """defaults.packages / requirements / numpy with hostile values, and an include's packages."""
+    head = VALID + "defaults:\n"
+    values = {
+        "list": (
+            "packages: [numpy, 'transformers>=4.40', 'rich[jupyter]; python_version>\"3\"']",
+            None,
+        ),
+        "huge-list": ("packages: [" + ", ".join(f"p{i}" for i in range(2_000)) + "]", "more than"),
+        "long-item": ("packages: ['" + "a" * 100_000 + "']", "characters long"),
+        "null-items": ("packages: [~, ~]", "expected a string"),
+        "number-item": ("packages: [1.10]", "expected a string"),
+        "mapping": ("packages: {numpy: 1}", "expected a list"),
+        "text": ("packages: numpy", "expected a list"),
+        "bad-pep508": ("packages: ['numpy>=>1']", "not a PEP 508"),
+        "framework": ("packages: ['torch==2.6.0']", "the entry fixes the framework"),
+        "option": ("packages: ['--extra-index-url=https://x']", "is an option"),
+        "url": ("packages: ['x @ https://e.example/x.whl']", "direct URL"),
+        "requirements-number": ("requirements: 5", "expected a file path"),
+        "requirements-list": ("requirements: [a.txt]", "expected a file path"),
+        "requirements-missing": ("requirements: absent.txt", "no such file"),
+        "requirements-dev-zero": ("requirements: /dev/zero", "not a regular file"),
+        "requirements-proc-mem": ("requirements: /proc/self/mem", "requirements"),
+        "requirements-root": ("requirements: /", "not a regular file"),
+        "requirements-control": ('requirements: "a\\x1b.txt"', "expected a file path"),
+        "numpy-text": ("numpy: 'no'", "expected true or false"),
+        "numpy-false": ("numpy: false", None),
+    }
+    for name, (line, expect) in values.items():
+        yield Case(f"packages-{name}", (head + f"  {line}\n").encode(), expect=expect)
+    yield Case(
+        "packages-include",
+        (VALID + "include:\n  - {framework: jax, cuda: cpu, packages: [optax, jaxlib]}\n").encode(),
+        expect="include[0].packages[1]",
+    )
+
+
 def matrix_corpus() -> list[Case]:
     cases: list[Case] = []
     for stem, path in SHIPPED.items():
@@ -589,6 +626,7 @@ def matrix_corpus() -> list[Case]:
         alias_cases,
         size_cases,
         special_cases,
+        package_cases,
     ):
         cases += generate()
     return cases

@@ -21,7 +21,8 @@ from click.testing import CliRunner, Result
 
 from envbuild.cli import main
 from envbuild.compat import compute_capability, cuda_selector
-from envbuild.models import Knowledge
+from envbuild.knowledge import load_knowledge
+from envbuild.models import BuildOptions, Knowledge, Selection
 from envbuild.references import (
     image_reference_problem,
     index_url_problem,
@@ -29,6 +30,7 @@ from envbuild.references import (
     repository_problem,
 )
 from envbuild.render import CA_MAX_BYTES
+from tests.lock_support import fresh_lock, the_entry
 
 SECRET = "S3CRET-pa55word"
 PAYLOAD = "RUN touch /pwned"
@@ -175,8 +177,18 @@ def test_hostile_value_is_one_error_line(
     assert not out.exists() or not any(out.rglob("*"))  # refused before anything was written
 
 
-def render_one(tmp_path: Path, *args: str) -> tuple[Result, Path]:
-    out = tmp_path / "out"
+def render_one(
+    tmp_path: Path, *args: str, options: BuildOptions | None = None, out: Path | None = None
+) -> tuple[Result, Path]:
+    """`render` of ONE_ENTRY, its lock already written (fresh for `options`, which must match
+    the lock-relevant options in `args`): rendering itself needs no network."""
+    knowledge = load_knowledge()
+    entry = the_entry(
+        knowledge, Selection(framework="torch", framework_version="2.13.0", cuda="cpu")
+    )
+    assert entry.id == ENTRY_ID
+    fresh_lock(entry, options or BuildOptions(), knowledge)
+    out = out or tmp_path / "out"
     return invoke("render", "-o", str(out), *ONE_ENTRY, *args), out / ENTRY_ID
 
 
@@ -252,10 +264,10 @@ def test_urls_are_refused_with_their_password_masked(url: str) -> None:
 
 
 def test_valid_index_urls_render_and_stay_out_of_the_context(tmp_path: Path) -> None:
+    index, extra = f"https://user:{SECRET}@mirror.example/simple", "http://127.0.0.1:8080/simple/"
     result, context = render_one(
-        tmp_path,
-        "--index-url", f"https://user:{SECRET}@mirror.example/simple",
-        "--extra-index-url", "http://127.0.0.1:8080/simple/",
+        tmp_path, "--index-url", index, "--extra-index-url", extra,
+        options=BuildOptions(index_url=index, extra_index_urls=(extra,)),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert_no_secret(result)
@@ -330,7 +342,7 @@ def test_an_output_that_cannot_be_written_is_one_error_line(tmp_path: Path, kind
         (out / ENTRY_ID).write_text("x")
     else:
         (out / ENTRY_ID / "Dockerfile").mkdir(parents=True)
-    result = invoke("render", "-o", str(out), *ONE_ENTRY)
+    result, _ = render_one(tmp_path, out=out)
     assert_one_error_line(result, "-o")
 
 
@@ -341,7 +353,7 @@ def test_a_read_only_output_is_one_error_line(tmp_path: Path) -> None:
         out = Path("/proc/envbuild-out")
     else:
         out.mkdir(mode=0o500)
-    result = invoke("render", "-o", str(out), *ONE_ENTRY)
+    result, _ = render_one(tmp_path, out=out)
     assert_one_error_line(result, "-o")
 
 
@@ -350,31 +362,39 @@ def plant(kind: str, context: Path, outside: Path, sentinel: Path) -> None:
     if kind == "entry-folder-link":
         context.symlink_to(outside, target_is_directory=True)
         return
-    (context / "envbuild" / "wheelhouse").mkdir(parents=True)
-    if kind == "dockerfile-link":
-        (context / "Dockerfile").symlink_to(sentinel)
-    elif kind == "dockerfile-hard-link":
-        (context / "Dockerfile").hardlink_to(sentinel)
-    elif kind == "ca-link":
-        (context / "envbuild" / "ca.crt").symlink_to(sentinel)
-    elif kind == "ca-hard-link":
-        (context / "envbuild" / "ca.crt").hardlink_to(sentinel)
-    elif kind == "helpers-folder-link":
-        (context / "envbuild" / "wheelhouse").rmdir()
-        (context / "envbuild").rmdir()
-        (context / "envbuild").symlink_to(outside, target_is_directory=True)
-    elif kind == "wheelhouse-folder-link":
-        (context / "envbuild" / "wheelhouse").rmdir()
-        (context / "envbuild" / "wheelhouse").symlink_to(outside, target_is_directory=True)
-    elif kind == "wheel-link":
-        (context / "envbuild" / "wheelhouse" / "extra-1.0-py3-none-any.whl").symlink_to(sentinel)
+    context.mkdir(parents=True)
+    name = {"dockerfile": "Dockerfile", "lock": "envbuild.lock", "installer": "install_env.py"}
+    what, _, how = kind.partition("-")
+    if how == "link":
+        (context / name[what]).symlink_to(sentinel)
+    elif how == "hard-link":
+        (context / name[what]).hardlink_to(sentinel)
     elif kind == "relative-dotdot-link":
         (context / "Dockerfile").symlink_to(os.path.relpath(sentinel, context))
 
 
-PLANTS = ["entry-folder-link", "dockerfile-link", "dockerfile-hard-link", "ca-link",
-          "ca-hard-link", "helpers-folder-link", "wheelhouse-folder-link", "wheel-link",
+PLANTS = ["entry-folder-link", "dockerfile-link", "dockerfile-hard-link", "lock-link",
+          "lock-hard-link", "installer-link", "installer-hard-link",
           "relative-dotdot-link"]  # fmt: skip
+CONTEXT_FILES = ["Dockerfile", "envbuild.lock", "install_env.py"]
+
+
+def secretless_options(tmp_path: Path) -> tuple[tuple[str, ...], BuildOptions]:
+    """A CA bundle reached through a relative link (like Debian's /usr/lib/ssl/cert.pem) and a
+    wheelhouse holding a linked wheel: as arguments, and as the lock sees them."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "bundle.pem").write_bytes(PEM)
+    (store / "blob").write_bytes(b"wheel bytes")
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "cert.pem").symlink_to(Path("..") / "store" / "bundle.pem")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "extra-1.0-py3-none-any.whl").symlink_to(store / "blob")
+    (wheels / "plain-1.0-py3-none-any.whl").write_bytes(b"more wheel bytes")
+    args = ("--ca-bundle", str(etc / "cert.pem"), "--wheelhouse", str(wheels))
+    return args, BuildOptions(wheelhouse=wheels)
 
 
 @pytest.mark.parametrize("kind", PLANTS)
@@ -383,94 +403,43 @@ def test_planted_links_under_output_are_never_followed(tmp_path: Path, kind: str
     outside.mkdir()
     sentinel = outside / "sentinel"
     sentinel.write_text("untouched\n")
-    ca = tmp_path / "ca.pem"
-    ca.write_bytes(PEM)
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    (wheels / "extra-1.0-py3-none-any.whl").write_bytes(b"wheel bytes")
     out = tmp_path / "out"
     out.mkdir()
     plant(kind, out / ENTRY_ID, outside, sentinel)
+    args, options = secretless_options(tmp_path)
 
-    result, context = render_one(tmp_path, "--ca-bundle", str(ca), "--wheelhouse", str(wheels))
+    result, context = render_one(tmp_path, *args, options=options)
 
     assert result.exit_code == 0, result.output
     assert sentinel.read_text() == "untouched\n"
     assert sorted(p.name for p in outside.iterdir()) == ["sentinel"]
     assert not [p for p in out.rglob("*") if p.is_symlink()]
-    for name in ("Dockerfile", "envbuild/ca.crt", "envbuild/wheelhouse/extra-1.0-py3-none-any.whl"):
+    for name in CONTEXT_FILES:
         written = context / name
         assert written.is_file()
         assert written.stat().st_nlink == 1
-    assert (context / "envbuild" / "ca.crt").read_bytes() == PEM
+
+
+def test_the_context_never_holds_the_ca_bundle_or_a_wheel(tmp_path: Path) -> None:
+    """They are served to the build (envbuild/build_server.py), never put in its context."""
+    args, options = secretless_options(tmp_path)
+    result, context = render_one(tmp_path, *args, options=options)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in context.rglob("*")) == sorted(CONTEXT_FILES)
+    for written in context.iterdir():
+        data = written.read_bytes()
+        assert PEM not in data
+        assert b"wheel bytes" not in data
 
 
 def test_the_review_copy_is_a_copy(tmp_path: Path) -> None:
-    ca = tmp_path / "ca.pem"
-    ca.write_bytes(PEM)
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    (wheels / "extra-1.0-py3-none-any.whl").write_bytes(b"wheel bytes")
-    result, context = render_one(tmp_path, "--ca-bundle", str(ca), "--wheelhouse", str(wheels))
+    result, context = render_one(tmp_path)
     assert result.exit_code == 0, result.output
-    (context / "envbuild" / "ca.crt").write_text("edited\n")
-    (context / "envbuild" / "wheelhouse" / "extra-1.0-py3-none-any.whl").write_text("edited\n")
-    assert ca.read_bytes() == PEM
-    assert (wheels / "extra-1.0-py3-none-any.whl").read_bytes() == b"wheel bytes"
-
-
-def test_a_linked_ca_bundle_and_wheels_become_regular_files(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    store.mkdir()
-    (store / "bundle.pem").write_bytes(PEM)
-    (store / "blob").write_bytes(b"wheel bytes")
-    etc = tmp_path / "etc"
-    etc.mkdir()
-    # Like Debian's /usr/lib/ssl/cert.pem: a relative link, which would dangle in a container.
-    (etc / "cert.pem").symlink_to(Path("..") / "store" / "bundle.pem")
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    (wheels / "extra-1.0-py3-none-any.whl").symlink_to(store / "blob")
-    result, context = render_one(
-        tmp_path, "--ca-bundle", str(etc / "cert.pem"), "--wheelhouse", str(wheels)
-    )
-    assert result.exit_code == 0, result.output
-    ca = context / "envbuild" / "ca.crt"
-    wheel = context / "envbuild" / "wheelhouse" / "extra-1.0-py3-none-any.whl"
-    assert not ca.is_symlink()
-    assert ca.is_file()
-    assert ca.read_bytes() == PEM
-    assert not wheel.is_symlink()
-    assert wheel.read_bytes() == b"wheel bytes"
-
-
-def test_the_build_context_links_wheels_but_copies_the_ca_bundle(
-    knowledge: Knowledge, tmp_path: Path
-) -> None:
-    from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-    from envbuild.models import BuildOptions, Selection
-    from envbuild.render import check_options, render_entry, write_context
-
-    selection = Selection(framework="torch", framework_version="2.13.0", cuda="cpu")
-    defaults = load_matrix(default_matrix_path(), knowledge)
-    (entry,) = make_plan(
-        knowledge, knowledge_matrix(knowledge, selection, defaults), selection
-    ).entries
-    ca = tmp_path / "ca.pem"
-    ca.write_bytes(PEM)
-    (tmp_path / "ca-link.pem").symlink_to(ca)
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    (wheels / "extra-1.0-py3-none-any.whl").write_bytes(b"wheel bytes")
-    options = check_options(BuildOptions(ca_bundle=tmp_path / "ca-link.pem", wheelhouse=wheels))
-    directory = write_context(render_entry(entry, options), tmp_path / "ctx", link_wheels=True)
-    ca_copy = directory / "envbuild" / "ca.crt"
-    assert not ca_copy.is_symlink()
-    assert ca_copy.stat().st_nlink == 1
-    assert ca_copy.read_bytes() == PEM
-    wheel = directory / "envbuild" / "wheelhouse" / "extra-1.0-py3-none-any.whl"
-    assert not wheel.is_symlink()
-    assert wheel.stat().st_ino == (wheels / "extra-1.0-py3-none-any.whl").stat().st_ino
+    (lock,) = Path(os.environ["XDG_CACHE_HOME"], "envbuild", "locks").glob(f"{ENTRY_ID}-*.txt")
+    kept = lock.read_text()
+    (context / "envbuild.lock").write_text("edited\n")
+    assert lock.read_text() == kept
+    assert (context / "envbuild.lock").read_text() == "edited\n"
 
 
 def test_rendering_twice_into_the_same_folder_works(tmp_path: Path) -> None:
@@ -489,7 +458,7 @@ def test_no_rendered_dockerfile_holds_an_injected_line(tmp_path: Path, value: st
     assert result.exit_code == 0
     for path in (tmp_path / "out").rglob("Dockerfile"):
         assert not any(line.strip() == PAYLOAD for line in path.read_text().splitlines())
-    assert (context / "Dockerfile").read_text().count("\nFROM ") == 3
+    assert (context / "Dockerfile").read_text().count("\nFROM ") == 2  # runtime, then the image
 
 
 def limit_memory() -> None:

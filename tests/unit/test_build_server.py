@@ -1,0 +1,384 @@
+"""The build server (a real one, on loopback) and the installer that runs against it in the image.
+
+The server must hand out its fixed files under its random prefix and nothing else, to GET only,
+on the one address it was given, and be gone when its block ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from envbuild import build_server
+from envbuild.build_server import build_files, config_document, listing, serve
+from envbuild.errors import BuildFailed
+from envbuild.interrupt import Terminated
+from envbuild.models import ServedInputs
+from envbuild.payload import install_env
+
+LOOPBACK = "127.0.0.1"
+CA = b"-----BEGIN CERTIFICATE-----\nthe team's CA\n-----END CERTIFICATE-----\n"
+WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+def make_inputs(tmp_path: Path) -> ServedInputs:
+    (tmp_path / "ca.pem").write_bytes(CA)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / WHEEL).write_bytes(b"torch wheel bytes")
+    (tmp_path / "secret.txt").write_bytes(b"host secret")
+    return ServedInputs(
+        ca_bundle=tmp_path / "ca.pem",
+        wheels=(wheels / WHEEL,),
+        index_url="https://team:pw-1@mirror.example/simple",
+        extra_index_urls=("https://download.pytorch.org/whl/cpu",),
+    )
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> ServedInputs:
+    return make_inputs(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One server for the read-only probes: starting one per case costs its shutdown each."""
+    folder = tmp_path_factory.mktemp("served")
+    (folder / "uv").write_bytes(b"uv binary")
+    with serve(LOOPBACK, build_files(make_inputs(folder), folder / "uv")) as base:
+        yield base
+
+
+@pytest.fixture
+def uv(tmp_path: Path) -> Path:
+    path = tmp_path / "uv"
+    path.write_bytes(b"uv binary")
+    return path
+
+
+@pytest.fixture
+def url(inputs: ServedInputs, uv: Path) -> Iterator[str]:
+    with serve(LOOPBACK, build_files(inputs, uv)) as base:
+        yield base
+
+
+def request(
+    base: str, path: str, method: str = "GET", body: bytes | None = None
+) -> tuple[int, bytes]:
+    """Send `path` exactly as written (no client-side normalisation)."""
+    parsed = urllib.parse.urlsplit(base)
+    connection = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=10)
+    try:
+        connection.putrequest(method, path, skip_host=False, skip_accept_encoding=True)
+        if body is not None:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def prefix_of(base: str) -> str:
+    return urllib.parse.urlsplit(base).path  # "/<prefix>/"
+
+
+def test_it_serves_its_files_under_its_prefix(url: str, inputs: ServedInputs) -> None:
+    prefix = prefix_of(url)
+    assert request(url, prefix + "ca.crt") == (200, CA)
+    assert request(url, prefix + "uv") == (200, b"uv binary")
+    status, config = request(url, prefix + "config.json")
+    assert status == 200
+    assert install_env.parse_config(config) == install_env.Config(
+        index_url=inputs.index_url, extra_index_urls=inputs.extra_index_urls,
+        find_links=True, offline=False, ca_bundle=True,
+    )  # fmt: skip
+    assert request(url, prefix + "wheels/" + urllib.parse.quote(WHEEL)) == (
+        200,
+        b"torch wheel bytes",
+    )
+    assert len(prefix) > 40  # token_urlsafe(32): not guessable
+
+
+def test_the_wheelhouse_listing_works_as_find_links(url: str) -> None:
+    status, page = request(url, prefix_of(url) + "wheels/")
+    assert status == 200
+    assert f'<a href="{urllib.parse.quote(WHEEL)}">' in page.decode()
+    assert "%2B" in urllib.parse.quote(WHEEL)  # the local version's "+" survives the trip
+
+
+def hostile_paths() -> list[str]:
+    """Paths that try to leave the served set; {p} is the real prefix."""
+    targets = [
+        "../secret.txt",
+        "../ca.pem",
+        "../../etc/passwd",
+        "wheels/../ca.crt/../../secret.txt",
+    ]
+    encodings = [
+        lambda t: t,
+        lambda t: t.replace("/", "%2f"),
+        lambda t: t.replace(".", "%2e"),
+        lambda t: t.replace("/", "%252f").replace(".", "%252e"),
+        lambda t: t.replace("/", "\\"),
+        lambda t: t.replace("/", "%5c"),
+    ]
+    paths = [f"{{p}}{encode(t)}" for t in targets for encode in encodings]
+    paths += [f"{{p}}wheels/{encode(t)}" for t in targets for encode in encodings]
+    paths += [
+        "/", "/ca.crt", "/wrong-prefix/ca.crt", "{p}", "{p}wheels", "{p}ca.crt?x=1", "{p}ca.crt#x",
+        "{p}CA.CRT", "{p}/ca.crt", "{p}./ca.crt", "{p}ca.crt%00", "{p}%63a.crt/..", "*",
+        "http://evil.example{p}ca.crt",
+    ]  # fmt: skip
+    return paths
+
+
+@pytest.mark.parametrize("path", hostile_paths())
+def test_nothing_outside_its_files_is_served(shared_url: str, path: str) -> None:
+    status, body = request(shared_url, path.format(p=prefix_of(shared_url)))
+    assert status in (400, 404)
+    assert b"host secret" not in body
+    assert CA not in body
+
+
+def test_a_wrong_prefix_of_the_right_length_is_refused(url: str) -> None:
+    prefix = prefix_of(url)
+    wrong = prefix[:-2] + ("A" if prefix[-2] != "A" else "B") + "/"
+    assert request(url, wrong + "ca.crt")[0] == 404
+
+
+def test_a_link_planted_in_the_wheelhouse_is_not_followed(url: str, inputs: ServedInputs) -> None:
+    wheel = inputs.wheels[0]
+    wheel.unlink()
+    wheel.symlink_to(wheel.parent.parent / "secret.txt")  # swapped after the server started
+    status, body = request(url, prefix_of(url) + "wheels/" + urllib.parse.quote(WHEEL))
+    assert (status, b"host secret" in body) == (404, False)
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+def test_only_get_is_answered(url: str, method: str) -> None:
+    status, _ = request(url, prefix_of(url) + "ca.crt", method, b"new contents")
+    assert status in (405, 501)
+    assert request(url, prefix_of(url) + "ca.crt") == (200, CA)
+
+
+def refused(base: str) -> bool:
+    parsed = urllib.parse.urlsplit(base)
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_it_is_gone_when_its_block_ends(inputs: ServedInputs, uv: Path) -> None:
+    with serve(LOOPBACK, build_files(inputs, uv)) as base:
+        parsed = urllib.parse.urlsplit(base)
+        kept = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=10)
+        kept.request("GET", prefix_of(base) + "uv")
+        assert kept.getresponse().read() == b"uv binary"  # a kept-alive connection
+    assert refused(base)
+
+    def again() -> bytes:
+        kept.request("GET", prefix_of(base) + "ca.crt")
+        return kept.getresponse().read()
+
+    with pytest.raises((OSError, http.client.HTTPException)):
+        again()
+    kept.close()
+
+
+@pytest.mark.parametrize("error", [Terminated, KeyboardInterrupt, BuildFailed])
+def test_it_is_gone_when_the_build_fails_or_is_interrupted(
+    inputs: ServedInputs, uv: Path, error: type[BaseException]
+) -> None:
+    seen: list[str] = []
+
+    def build() -> None:
+        with serve(LOOPBACK, build_files(inputs, uv)) as base:
+            seen.append(base)
+            assert request(base, prefix_of(base) + "uv")[0] == 200
+            raise error("build failed") if error is BuildFailed else error()
+
+    with pytest.raises(error):
+        build()
+    assert refused(seen[0])
+
+
+def test_it_listens_on_the_given_address_only(url: str) -> None:
+    port = urllib.parse.urlsplit(url).port
+    with socket.create_connection((LOOPBACK, port), timeout=5) as connection:
+        assert connection.getpeername() == (LOOPBACK, port)
+    with pytest.raises(ConnectionRefusedError):  # another address of this host, same port
+        socket.create_connection(("127.0.0.2", port), timeout=5).close()
+
+
+def test_an_address_that_is_not_this_hosts_is_one_line(inputs: ServedInputs, uv: Path) -> None:
+    served = serve("192.0.2.1", build_files(inputs, uv))
+    with pytest.raises(BuildFailed, match=r"cannot serve the build's files on '192\.0\.2\.1'.*"):
+        served.__enter__()
+
+
+def test_a_silent_connection_is_closed(
+    inputs: ServedInputs, uv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build_server._Handler, "timeout", 0.5)
+    with serve(LOOPBACK, build_files(inputs, uv)) as base:
+        parsed = urllib.parse.urlsplit(base)
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as silent:
+            assert silent.recv(1) == b""  # closed by the server, long before the hang guard
+
+
+def test_the_config_names_no_file_and_no_index_when_offline(tmp_path: Path) -> None:
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(b"w")
+    served = ServedInputs(wheels=(wheel,), offline=True)
+    config = install_env.parse_config(config_document(served))
+    assert config == install_env.Config(
+        index_url=None, extra_index_urls=(), find_links=True, offline=True, ca_bundle=False
+    )
+    assert "ca.crt" not in build_files(served, wheel)
+
+
+def listing_names() -> list[str]:
+    return [WHEEL, 'a"b<c>.whl', "x&y.whl", "sp ace.whl"]
+
+
+@pytest.mark.parametrize("name", listing_names())
+def test_listing_links_are_escaped(name: str) -> None:
+    page = listing((name,)).decode()
+    href = page.split('href="', 1)[1].split('"', 1)[0]
+    assert urllib.parse.unquote(href.replace("&amp;", "&")) == name
+    assert "<c>" not in page
+
+
+# -- the installer (envbuild/payload/install_env.py) -----------------------------------------
+
+
+def bad_configs() -> list[object]:
+    good = json.loads(config_document(ServedInputs(index_url="https://m.example/simple")))
+    cases: list[object] = [[], "x", None, {}, {**good, "extra": 1}]
+    for key in good:
+        cases.append({k: v for k, v in good.items() if k != key})
+        for value in (1, "yes", ["x"], {"a": 1}, "ftp://x", "https://a b"):
+            if value != good[key]:
+                cases.append({**good, key: value})
+    cases.append({**good, "offline": True, "find_links": False})
+    return [c for c in cases if not _valid(c)]
+
+
+def _valid(raw: object) -> bool:
+    try:
+        install_env.parse_config(json.dumps(raw).encode())
+    except install_env.InstallError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("raw", bad_configs())
+def test_the_installer_refuses_a_config_of_another_shape(raw: object) -> None:
+    with pytest.raises(install_env.InstallError, match=r"config\.json"):
+        install_env.parse_config(json.dumps(raw).encode())
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe", b"{", b"[1,"])
+def test_the_installer_refuses_a_config_that_is_not_json(data: bytes) -> None:
+    with pytest.raises(install_env.InstallError, match=r"config\.json is not JSON"):
+        install_env.parse_config(data)
+
+
+def test_index_urls_travel_in_uv_environment_never_on_its_command_line() -> None:
+    config = install_env.Config(
+        index_url="https://team:pw-1@mirror.example/simple",
+        extra_index_urls=("https://bot:pw-2@extra.example/simple", "https://x.example/cpu"),
+        find_links=True, offline=False, ca_bundle=True,
+    )  # fmt: skip
+    serve_url = "http://172.17.0.1:4000/prefix/"
+    command = install_env.uv_command(
+        "/tmp/s/uv", config, serve_url, "/opt/venv", "/opt/venv/envbuild.lock"
+    )
+    assert command[:3] == ["/tmp/s/uv", "pip", "install"]
+    assert {"--require-hashes", "--no-deps", "--no-cache"} <= set(command)
+    assert command[-2:] == ["-r", "/opt/venv/envbuild.lock"]
+    assert command[command.index("--find-links") + 1] == serve_url + "wheels/"
+    assert "--no-index" not in command
+    assert not any("pw-" in part for part in command)
+    base = {"PATH": "/usr/bin", "UV_INDEX_URL": "https://stale", "PIP_INDEX_URL": "https://stale",
+            "SSL_CERT_FILE": "/elsewhere", "ENVBUILD_SERVE": serve_url}  # fmt: skip
+    env = install_env.uv_environment(config, base, "/tmp/s/ca.crt")
+    assert env["UV_INDEX_URL"] == config.index_url
+    assert env["UV_EXTRA_INDEX_URL"] == " ".join(config.extra_index_urls)
+    assert env["SSL_CERT_FILE"] == "/tmp/s/ca.crt"
+    assert "PIP_INDEX_URL" not in env
+    assert "ENVBUILD_SERVE" not in env
+    assert env["PATH"] == "/usr/bin"
+    offline = install_env.Config(
+        index_url=None, extra_index_urls=(), find_links=True, offline=True, ca_bundle=False
+    )
+    assert "--no-index" in install_env.uv_command("uv", offline, serve_url, "/v", "/l")
+    assert "UV_INDEX_URL" not in install_env.uv_environment(offline, {}, None)
+
+
+FAKE_UV = """#!{python}
+import json, os, sys
+ca = os.environ.get("SSL_CERT_FILE")
+record = {{"argv": sys.argv[1:], "ca": open(ca).read() if ca else None,
+          "env": {{k: v for k, v in os.environ.items() if k.startswith(("UV_", "SSL_"))}},
+          "here": os.path.dirname(sys.argv[0])}}
+with open({record!r}, "w") as handle:
+    json.dump(record, handle)
+sys.exit({code})
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3], ids=["installed", "uv-failed"])
+def test_the_installer_fetches_installs_and_leaves_nothing_behind(
+    tmp_path: Path, inputs: ServedInputs, code: int
+) -> None:
+    record = tmp_path / "record.json"
+    fake_uv = tmp_path / "fake-uv"
+    fake_uv.write_text(FAKE_UV.format(python=sys.executable, record=str(record), code=code))
+    scratch_root = tmp_path / "scratch"
+    scratch_root.mkdir()
+    venv, lock = tmp_path / "venv", tmp_path / "envbuild.lock"
+    lock.write_text("torch==2.13.0\n")
+    script = Path(install_env.__file__)
+    with serve(LOOPBACK, build_files(inputs, fake_uv)) as base:
+        result = subprocess.run(
+            [sys.executable, str(script), str(venv), str(lock)],
+            env={**os.environ, "ENVBUILD_SERVE": base, "TMPDIR": str(scratch_root),
+                 "UV_INDEX_URL": "https://stale.example"},
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    assert result.returncode == (0 if code == 0 else 1), result.stderr
+    seen = json.loads(record.read_text())
+    assert seen["ca"] == CA.decode()  # the CA bundle was there while uv ran ...
+    assert seen["env"]["UV_INDEX_URL"] == inputs.index_url
+    assert seen["argv"][seen["argv"].index("--find-links") + 1] == base + "wheels/"
+    assert seen["argv"][seen["argv"].index("--python") + 1] == str(venv / "bin" / "python")
+    assert (venv / "bin" / "pip").exists()  # the venv keeps pip, as before
+    assert list(scratch_root.iterdir()) == []  # ... and uv, the CA and the config are gone
+    assert not Path(seen["here"]).exists()
+    if code:
+        assert "uv could not install" in result.stderr
+        assert "pw-1" not in result.stderr
+
+
+def test_the_installer_without_its_server_says_how_to_build(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, install_env.__file__, str(tmp_path / "v"), str(tmp_path / "l")],
+        env={k: v for k, v in os.environ.items() if k != "ENVBUILD_SERVE"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "build with `envbuild build`" in result.stderr
+    assert "Traceback" not in result.stderr
