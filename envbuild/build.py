@@ -77,13 +77,23 @@ def prepare(
 ) -> BuildContext:
     """Probe the base image (once per reference in `probes`), check it fits, render the context
     that installs `lock`."""
+    probe = probe_entry_base(engine, knowledge, entry, options, {} if probes is None else probes)
+    return render_entry(entry, options, probe, lock)
+
+
+def probe_entry_base(
+    engine: Engine,
+    knowledge: Knowledge,
+    entry: Entry,
+    options: BuildOptions,
+    probes: dict[str, BaseProbe],
+) -> BaseProbe:
+    """The entry's base image probed (once per reference in `probes`) and checked to fit it."""
     base_ref = options.base_image or entry.base_image
-    probes = {} if probes is None else probes
     if base_ref not in probes:
         probes[base_ref] = engine.probe_base(base_ref)
-    probe = probes[base_ref]
-    check_base(knowledge, entry, probe)
-    return render_entry(entry, options, probe, lock)
+    check_base(knowledge, entry, probes[base_ref])
+    return probes[base_ref]
 
 
 def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:

@@ -209,7 +209,6 @@ def build(
 
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     knowledge, _, result = plan_from(kwargs, newest_only=True)
-    locks = locks_for(result.entries, options, matrix_path, knowledge, locked=locked)
     run = RunOptions(
         jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
         push_registry=None if no_smoke else push_registry,
@@ -222,7 +221,7 @@ def build(
             run,
             store=ResultStore.default(),
             on_event=view.event,
-            locks=locks,
+            locks=lambda: locks_for(result.entries, options, matrix_path, knowledge, locked=locked),
         )
     click.echo("\n".join(view.summary(results)), err=True)
     write_build_reports(results, json_file=report_file, junit_file=junit_file)
@@ -353,6 +352,7 @@ def verify(reference: str, as_json: bool) -> None:
             "passed": found.passed,
             "smoke": found.report,
             "packages": packages,
+            "sbom": found.sbom,
         }
         click.echo(json.dumps(document, indent=2))
     else:
@@ -363,6 +363,12 @@ def verify(reference: str, as_json: bool) -> None:
         click.echo(f"{printable(reference)}: {found.digest}")
         click.echo(f"  smoke report of image {found.image_id}: {verdict}")
         click.echo(f"  loss {first} -> {last}; {len(packages)} packages listed")
+        if found.sbom is not None:
+            sbom = found.sbom
+            click.echo(
+                f"  SBOM ({printable(sbom['format'], 40)}): {sbom['pypi']} Python and "
+                f"{sbom['deb']} OS packages"
+            )
     if not found.passed:
         msg = (
             f"{printable(reference)}: the smoke report attached to {found.digest} did not pass; "

@@ -225,7 +225,14 @@ def one_line_reason(message: str) -> tuple[bool, str]:
 
 _uv_lock = threading.Lock()
 _UV_KEPT = frozenset(
-    {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS", "UV_NO_CACHE"}
+    [
+        "UV_CACHE_DIR",
+        "UV_HTTP_TIMEOUT",
+        "UV_HTTP_RETRIES",
+        "UV_NATIVE_TLS",
+        "UV_CONCURRENT_DOWNLOADS",
+        "UV_NO_CACHE",
+    ]
 )
 
 

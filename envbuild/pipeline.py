@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild.build import build_entry, prepare
+from envbuild.build import build_entry, prepare, probe_entry_base
 from envbuild.engine import Engine
 from envbuild.engine import connect as connect_engine
 from envbuild.errors import EnvbuildError
@@ -90,19 +90,23 @@ def run_entries(
     *,
     store: ResultStore,
     on_event: Callable[[Event], None],
-    locks: Mapping[str, Lock],
+    locks: Callable[[], Mapping[str, Lock]],
     connect: Callable[[], Engine] = connect_engine,
 ) -> list[EntryResult]:
-    """Check every base, build shared stages, then build and smoke-test the entries, each
-    installing exactly its lock (`locks`, by entry id)."""
+    """Check the engine and every base, then get the locks (`locks()`: by entry id; resolving
+    one takes the network, so what is quickly wrong is said first), build shared stages, then
+    build and smoke-test the entries, each installing exactly its lock."""
     for url in (options.index_url, *options.extra_index_urls):
         register_url(url)  # before anything can print or log a build request
     engine = connect()
     engine.remove_leftovers()  # of an earlier run whose engine or process died mid-way
     probes: dict[str, BaseProbe] = {}
-    # Every entry is checked against its base before the first build starts.
+    # Every entry is checked against its base before its lock is resolved or anything built.
+    for entry in entries:
+        probe_entry_base(engine, knowledge, entry, options, probes)
+    resolved = locks()
     contexts = [
-        prepare(engine, knowledge, entry, options, probes, locks[entry.id]) for entry in entries
+        prepare(engine, knowledge, entry, options, probes, resolved[entry.id]) for entry in entries
     ]
     done = published_entries(run.push_registry, contexts) if run.push_registry else {}
     for context in contexts:

@@ -10,19 +10,22 @@ from envbuild import labels as label_keys
 from envbuild.credentials import docker_auth_config
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, EnvbuildError
-from envbuild.evidence import attach_evidence, image_config_digest
+from envbuild.evidence import PACKAGES, SMOKE_REPORT, attach_evidence, image_config_digest
 from envbuild.knowledge import cuda_tag
 from envbuild.matrix import newest_per_framework
 from envbuild.models import Entry
 from envbuild.published import Target, held_digest, target
 from envbuild.references import split_tag
 from envbuild.registry import RegistryClient
+from envbuild.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
+from envbuild.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
 from envbuild.store import ResultStore
 
 PACKAGES_SCRIPT = (
     "echo '# pip freeze'; (python3 -m pip freeze --all 2>/dev/null || true); "
     "echo '# dpkg'; (dpkg-query -W -f '${Package} ${Version}\\n' 2>/dev/null || true)"
 )
+LOCK_SCRIPT = "cat /opt/venv/envbuild.lock 2>/dev/null || true"  # images before locks have none
 
 
 class NotVetted(EnvbuildError):
@@ -196,11 +199,16 @@ def publish_image(
         store.record_published(item.image_id, f"{host}/{repository}@{held}", held)
         results = [Published(reference=target_ref, digest=held, kind="immutable")]
         packages = engine.run(item.image_id, ["/bin/sh", "-c", PACKAGES_SCRIPT], timeout=120).stdout
+        lock = engine.run(item.image_id, ["/bin/sh", "-c", LOCK_SCRIPT], timeout=60).stdout
+        sbom = sbom_document(
+            target_ref, item.image_id, [*lock_packages(lock), *dpkg_packages(packages)]
+        )
         evidence = attach_evidence(
             client, repository, held, media_type, len(body),
             {
-                "smoke-report.json": (json.dumps(record.report, indent=2).encode(), "application/json"),
-                "packages.txt": (packages.encode(), "text/plain"),
+                SMOKE_REPORT: (json.dumps(record.report, indent=2).encode(), "application/json"),
+                PACKAGES: (packages.encode(), "text/plain"),
+                SBOM: (sbom, SBOM_MEDIA_TYPE),
             },
         )  # fmt: skip
         results.append(

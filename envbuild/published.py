@@ -16,6 +16,7 @@ from envbuild.http_limits import printable
 from envbuild.references import split_tag
 from envbuild.registry import RegistryClient, parse_reference
 from envbuild.registry.errors import EvidenceNotFound, RegistryNotFound
+from envbuild.sbom import SBOM, summary
 
 HASH_LENGTH = 12  # content-hash characters in an immutable tag
 
@@ -70,6 +71,7 @@ class Verification:
     passed: bool
     report: dict[str, Any]
     packages: str
+    sbom: dict[str, Any] | None = None  # format and package counts, when the evidence has one
 
 
 def verify_digest(
@@ -96,6 +98,7 @@ def verify_digest(
         passed=report["passed"],
         report=report,
         packages=files.get(PACKAGES, b"").decode("utf-8", errors="replace"),
+        sbom=summary(files[SBOM]) if SBOM in files else None,
     )
 
 

@@ -63,7 +63,11 @@ def test_engine_killed_mid_build(
 
     def installing() -> bool:
         text = log.read_text() if log.exists() else ""
-        return "Running in" in text[text.find("pip install") :] if "pip install" in text else False
+        return (
+            "Running in" in text[text.find("install_env.py") :]
+            if "install_env.py" in text
+            else False
+        )
 
     wait_for(installing, "the install step's container")
     time.sleep(3)  # "Running in" is printed between creating the container and starting it

@@ -35,7 +35,7 @@ def test_sigterm_mid_build_leaves_nothing_and_the_rerun_builds(
     # No --no-cache needed: the install step is never cached for a build with an index password.
     process = start([*args, "--no-smoke"], env)
     # Interrupt inside the step that installs torch: the longest of the build.
-    wait_for(lambda: log.exists() and "pip install" in log.read_text(), "the install step")
+    wait_for(lambda: log.exists() and "install_env.py" in log.read_text(), "the install step")
     time.sleep(2)
     code, stderr = finish(process, signal.SIGTERM)
     assert code == 143, stderr[-2000:]

@@ -154,9 +154,20 @@ def test_the_index_dying_mid_install_fails_cleanly_and_the_rerun_builds(
     args[args.index("--repository") + 1] = REPOSITORY
     args[args.index("--index-url") + 1] = url
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    # The lock is resolved on the host first (uv reads the index too); the cut comes later.
+    lock = ["lock", "--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu",
+            "--python", "3.11", "--wheelhouse", str(wheelhouse), "--ca-bundle", str(bundle),
+            "--index-url", url]  # fmt: skip
+    locked = envbuild(*lock, env=env)
+    assert locked.returncode == 0, locked.stderr[-3000:]
+    before = index_server.logs().count(b".whl HTTP")
     since = time.time()
     process = start([*args, "--no-smoke"], env)
-    wait_for(lambda: b".whl HTTP" in index_server.logs(), "pip to download from the index")
+
+    def installing() -> bool:
+        return index_server.logs().count(b".whl HTTP") > before
+
+    wait_for(installing, "the install to download from the index")
     index_server.kill()  # the index goes away in the middle of the install
     code, stderr = finish_quietly(process, timeout=600)
 

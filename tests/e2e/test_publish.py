@@ -88,6 +88,14 @@ def test_publish_verifies_the_digest_and_the_evidence(
         assert evidence["smoke"]["image_id"] == immutable["image_id"]
         assert evidence["smoke"]["passed"] is True
         assert any(line.startswith("torch==2.13.0") for line in evidence["packages"])
+        # The SBOM: the lock's Python packages (torch, numpy and their dependencies) and dpkg's.
+        sbom = evidence["sbom"]
+        assert sbom["format"] == "CycloneDX 1.6"
+        assert sbom["pypi"] >= 5
+        assert sbom["deb"] >= 50
+        shown = envbuild("verify", f"{server.host}/x/torch:latest")
+        assert shown.returncode == 0, shown.stderr
+        assert "SBOM (CycloneDX 1.6)" in shown.stdout
 
 
 def test_an_unvetted_image_is_refused_and_nothing_reaches_the_registry(

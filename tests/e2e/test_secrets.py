@@ -22,6 +22,7 @@ import pytest
 
 from envbuild.build import build_entry, prepare
 from envbuild.engine import Engine
+from envbuild.knowledge import load_knowledge
 from envbuild.labels import LOCK_DIGEST
 from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 from envbuild.models import BuildOptions, Knowledge, Lock, Selection
@@ -30,6 +31,7 @@ from envbuild.render import check_options
 from envbuild.store import ResultStore
 from tests.docker_support import compile_lock, envbuild, torch_cpu_args
 from tests.fault_support import epoch
+from tests.lock_support import fresh_lock, the_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -51,10 +53,20 @@ def test_no_output_of_a_failed_build_holds_the_index_password(
     args[index + 1] = f"https://team:{password}@127.0.0.1:9/simple"
     repository = args.index("--repository")
     args[repository + 1] = "envbuild-test/secrets-{framework}"
-    # --offline with a wheelhouse that holds torch alone: the install fails at once; the index
+    # --offline, and a lock whose torch hash no wheel has: the install fails at once; the index
     # settings travel only through envbuild's build server, never in the /build request.
-    args += ["--offline", "--no-smoke", "--junit", str(junit),
-             "--extra-index-url", f"https://bot:{extra_password}@127.0.0.1:9/extra"]  # fmt: skip
+    extra = f"https://bot:{extra_password}@127.0.0.1:9/extra"
+    args += ["--offline", "--no-smoke", "--junit", str(junit), "--extra-index-url", extra]
+    knowledge = load_knowledge()
+    entry = the_entry(
+        knowledge, Selection(framework="torch", framework_version="2.13.0", cuda="cpu")
+    )
+    options = BuildOptions(
+        index_url=args[index + 1], extra_index_urls=(extra,), wheelhouse=wheelhouse, offline=True
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        fresh_lock(entry, options, knowledge)  # as `envbuild lock` leaves it, with a wrong hash
     started = time.time()
     result = envbuild(
         "-v", *args,

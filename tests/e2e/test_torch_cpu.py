@@ -55,7 +55,9 @@ def test_the_image_is_labelled(docker_client: docker.DockerClient, first_build: 
     assert labels["org.envbuild.python"] == "3.11"
     assert len(labels["org.envbuild.content-hash"]) == 64
     assert labels["org.opencontainers.image.version"] == "2.13.0"
-    assert "org.envbuild.stage" not in labels
+    # The install step's marker (for finding a dead build's container) ends with the step: no
+    # container of the image is taken for a leftover of a build.
+    assert labels["org.envbuild.stage"] == "image"
 
 
 def test_no_helper_file_or_credential_reaches_the_image(
@@ -64,7 +66,9 @@ def test_no_helper_file_or_credential_reaches_the_image(
     image = docker_client.images.get(IMAGE)
     history = json.dumps(image.history())
     config = json.dumps(image.attrs)
-    for needle in (SECRET, "/tmp/envbuild", "ca.crt", "PIP_INDEX_URL", "wheelhouse"):
+    # The history shows the installer's path and the build server's URL (a closed port now);
+    # never a credential, a CA bundle or the wheelhouse.
+    for needle in (SECRET, "ca.crt", "PIP_INDEX_URL", "UV_INDEX_URL", "wheelhouse"):
         assert needle not in history, needle
         assert needle not in config, needle
     listing = docker_client.containers.run(
@@ -151,3 +155,22 @@ def test_smoke_fails_when_the_loss_does_not_fall(
     assert result.returncode == 1
     assert "FAIL loss_fell" in result.stdout
     assert "smoke test of" in result.stderr
+
+
+def test_a_users_stopped_container_of_the_image_is_not_a_leftover(
+    docker_client: docker.DockerClient, first_build: object
+) -> None:
+    """envbuild removes stopped containers a dead build left; one a user ran from an envbuild
+    image and that exited is theirs, and must survive the next run's clean-up."""
+    from envbuild.engine import connect
+
+    mine = docker_client.containers.run(
+        IMAGE, ["true"], detach=True, network_mode="none", labels={TEST_LABEL: "1"}
+    )
+    try:
+        mine.wait(timeout=60)
+        connect().remove_leftovers()
+        mine.reload()
+        assert mine.status == "exited"
+    finally:
+        mine.remove(force=True)

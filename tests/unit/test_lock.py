@@ -288,8 +288,11 @@ def test_lock_check_and_plan_through_the_cli(wheelhouse: Path, matrix_path: Path
     assert "is stale (packages changed); run envbuild lock -m" in out
 
 
-def test_no_credential_reaches_a_lock_or_any_output(wheelhouse: Path, matrix_path: Path) -> None:
+def test_no_credential_reaches_a_lock_or_any_output(
+    wheelhouse: Path, matrix_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     forget_all()  # the CLI must register it, not the test
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")  # a refused connection fails at once
     url = f"https://user:{SECRET}@127.0.0.1:9/simple"
     common = ["-m", str(matrix_path), "--wheelhouse", str(wheelhouse), "--index-url", url]
     code, out = _cli("lock", "--offline", *common)

@@ -14,7 +14,7 @@ import pytest
 from envbuild.engine import Engine, RunResult
 from envbuild.errors import BadInput
 from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Selection
+from envbuild.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Lock, Selection
 from envbuild.pipeline import Event, RunOptions, run_entries
 from envbuild.results import EntryResult
 from envbuild.store import ResultStore
@@ -92,7 +92,7 @@ def run(
     return run_entries(
         knowledge, entries, BuildOptions(), RunOptions(**options),  # type: ignore[arg-type]
         store=store, on_event=(events if events is not None else []).append, connect=connect,
-        locks={e.id: placeholder_lock(e) for e in entries},
+        locks=lambda: {e.id: placeholder_lock(e) for e in entries},
     )  # fmt: skip
 
 
@@ -185,9 +185,19 @@ def test_every_base_is_probed_once_and_checked_before_the_first_build(
 
     wrong = InMemoryEngine()
     wrong.add_base(torch_entries[0].base_image, python="3.12")
+    asked: list[str] = []
+
+    def locks() -> dict[str, Lock]:
+        asked.append("locks")  # resolving takes the network: never for a run refused anyway
+        return {e.id: placeholder_lock(e) for e in torch_entries}
+
     with pytest.raises(BadInput, match=r"brings Python 3\.12, but .* needs 3\.11"):
-        run(wrong, knowledge, torch_entries, store, smoke=False)
+        run_entries(
+            knowledge, torch_entries, BuildOptions(), RunOptions(smoke=False), store=store,
+            on_event=lambda event: None, locks=locks, connect=lambda: wrong,
+        )  # fmt: skip
     assert wrong.builds == []
+    assert asked == []
 
 
 def test_the_smoke_test_runs_in_the_built_image_and_is_recorded(
