@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import re
 import threading
-from pathlib import Path
 
 import pytest
 
-from envbuild.matrix import make_plan
-from envbuild.matrix_file import default_matrix_path, load_matrix
-from envbuild.models import BuiltImage, Entry, Knowledge, Selection
+from envbuild.models import Entry, Knowledge
 from envbuild.pipeline import Event
 from envbuild.progress import ProgressView
-from envbuild.results import EntryResult, SmokeCheck, SmokeResult
+from envbuild.results import EntryResult
+from tests.result_support import four_entries, image, smoke
 
 STAMP = re.compile(r"^\[ *\d+\.\d+s\] ")
 
@@ -86,34 +84,17 @@ def test_workers_logging_at_once_print_whole_lines(capsys: pytest.CaptureFixture
 
 @pytest.fixture
 def entries(knowledge: Knowledge) -> tuple[Entry, ...]:
-    plan = make_plan(knowledge, load_matrix(default_matrix_path(), knowledge), Selection())
-    assert len(plan.entries) >= 4
-    return plan.entries[:4]
-
-
-def image(entry: Entry, seed: str, *, built: bool) -> BuiltImage:
-    return BuiltImage(
-        entry=entry, id="sha256:" + seed * 64, tags=(entry.image,), built=built,
-        log_path=Path("/logs/build.log") if built else None, seconds=12.0,
-    )  # fmt: skip
-
-
-def smoked(entry: Entry, image_id: str, *, passed: bool) -> SmokeResult:
-    check = SmokeCheck(name="allreduce", passed=passed, detail="gloo over 2 ranks: got 2.0")
-    return SmokeResult(
-        image=entry.image, image_id=image_id, payload={}, checks=(check,), exit_code=0,
-        seconds=3.0, stderr_tail="",
-    )  # fmt: skip
+    return four_entries(knowledge)
 
 
 def test_the_summary_is_a_table_then_the_failures(entries: tuple[Entry, ...]) -> None:
     a, b, c, d = entries
     built, found, bad = image(a, "a", built=True), image(b, "b", built=False), image(d, "d", built=True)  # fmt: skip
     results = [
-        EntryResult(entry=a, image=built, smoke=smoked(a, built.id, passed=True), error=None, seconds=20.04),
-        EntryResult(entry=b, image=found, smoke=smoked(b, found.id, passed=True), error=None, smoke_reused=True),
+        EntryResult(entry=a, image=built, smoke=smoke(a, built.id, passed=True), error=None, seconds=20.04),
+        EntryResult(entry=b, image=found, smoke=smoke(b, found.id, passed=True), error=None, smoke_reused=True),
         EntryResult(entry=c, image=None, smoke=None, error="build failed: exit 1", seconds=5),
-        EntryResult(entry=d, image=bad, smoke=smoked(d, bad.id, passed=False), error=None),
+        EntryResult(entry=d, image=bad, smoke=smoke(d, bad.id, passed=False), error=None),
     ]  # fmt: skip
 
     lines = ProgressView([]).summary(results)
@@ -138,7 +119,7 @@ def test_the_summary_is_a_table_then_the_failures(entries: tuple[Entry, ...]) ->
     assert {row[result_column] for row in rows} == {"o", "F"}
     assert lines[5:] == [
         f"FAILED {c.id}: build failed: exit 1",
-        f"FAILED {d.id}: allreduce: gloo over 2 ranks: got 2.0",
+        f"FAILED {d.id}: allreduce: gloo all-reduce over 2 ranks: got 2.0",
         "2/4 entries passed",
     ]
 

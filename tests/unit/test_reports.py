@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.matrix import default_matrix_path, load_matrix, make_plan
-from envbuild.models import BuiltImage, Entry, Knowledge, Selection
+from envbuild.models import Entry, Knowledge
 from envbuild.redact import forget_all, register_url
 from envbuild.report import (
     EntryResult,
@@ -20,7 +19,9 @@ from envbuild.report import (
     write_json,
     write_text,
 )
-from envbuild.results import SmokeCheck, SmokeResult
+from envbuild.results import SmokeResult
+from tests.result_support import four_entries, image
+from tests.result_support import smoke as shared_smoke
 
 SKIPPED = "not built: an earlier entry failed (use --keep-going to build the rest)"
 BUILD_ERROR = "build failed: exit 1 (last output: Collecting jax | ERROR: No matching distribution)"
@@ -32,27 +33,11 @@ PAYLOAD = {
 
 @pytest.fixture
 def entries(knowledge: Knowledge) -> tuple[Entry, ...]:
-    plan = make_plan(knowledge, load_matrix(default_matrix_path(), knowledge), Selection())
-    assert len(plan.entries) >= 4
-    return plan.entries[:4]
-
-
-def image(entry: Entry, seed: str, *, built: bool) -> BuiltImage:
-    return BuiltImage(
-        entry=entry, id="sha256:" + seed * 64, tags=(entry.image,), built=built,
-        log_path=Path(f"/logs/{entry.id}.log") if built else None, seconds=12.0,
-    )  # fmt: skip
+    return four_entries(knowledge)
 
 
 def smoke(entry: Entry, image_id: str, *, passed: bool) -> SmokeResult:
-    checks = (
-        SmokeCheck(name="payload", passed=True, detail="the payload reported no error"),
-        SmokeCheck(name="allreduce", passed=passed, detail="gloo all-reduce over 2 ranks: got 2.0"),
-    )
-    return SmokeResult(
-        image=entry.image, image_id=image_id, payload=PAYLOAD, checks=checks, exit_code=0,
-        seconds=3.0, stderr_tail="",
-    )  # fmt: skip
+    return shared_smoke(entry, image_id, passed=passed, payload=PAYLOAD)
 
 
 def results_of(entries: tuple[Entry, ...], first_error: str = BUILD_ERROR) -> list[EntryResult]:
