@@ -34,25 +34,17 @@ def plan_with_locks(
 ) -> tuple[Plan, dict[str, str]]:
     """The plan with unresolvable entries moved to the exclusions (the resolver's reason), and
     each remaining entry's lock state (fresh, stale, missing)."""
-    from envbuild.lock import (
-        inputs_digest,
-        lock_inputs,
-        lock_path,
-        lock_state,
-        read_lock_text,
-        unresolvable_reason,
-    )
+    from envbuild.lock import on_disk, unresolvable_reason
     from envbuild.models import Exclusion, Plan
 
     entries: list[Entry] = []
     excluded = list(plan.excluded)
     states: dict[str, str] = {}
     for entry in plan.entries:
-        state = lock_state(entry, options, matrix_path, knowledge)
+        found = on_disk(entry, options, matrix_path, knowledge)
+        state = found.state
         if state == "unresolvable":
-            digest = inputs_digest(lock_inputs(entry, options, knowledge))
-            text = read_lock_text(lock_path(entry, matrix_path, digest)) or ""
-            reason = f"its packages cannot be installed: {unresolvable_reason(text)}"
+            reason = f"its packages cannot be installed: {unresolvable_reason(found.text or '')}"
             excluded.append(Exclusion(combination=entry.combination(), reason=reason))
             continue
         entries.append(entry)
@@ -69,8 +61,9 @@ def lock_summary(states: dict[str, str], matrix_path: Path | None) -> list[str]:
     lines = [f"locks in {where}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
     lines += [f"  {state:7}  {eid}" for eid, state in states.items() if state != "fresh"]
     if counts["stale"] or counts["missing"]:
-        command = f"envbuild lock -m {matrix_path}" if matrix_path else "envbuild lock"
-        lines.append(f"  (run {command} to resolve them)")
+        from envbuild.lock import lock_command
+
+        lines.append(f"  (run {lock_command(matrix_path)} to resolve them)")
     return lines
 
 
@@ -111,10 +104,6 @@ def locks_for(
     return {lock.entry_id: lock for lock in outcomes if not isinstance(lock, EnvbuildError)}
 
 
-def _lock_command(matrix_path: Path | None) -> str:
-    return f"envbuild lock -m {matrix_path}" if matrix_path else "envbuild lock"
-
-
 def update_lines(update: LockUpdate) -> list[str]:
     """What `envbuild lock` prints for one entry: its changes, or 'unchanged'."""
     head = f"{update.entry.id}:"
@@ -150,7 +139,7 @@ def lock(upgrade: bool, check: bool, jobs: int, **kwargs: Any) -> None:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from envbuild.lock import update_lock
+    from envbuild.lock import lock_command, update_lock
 
     options = build_options_from(kwargs)
     matrix_path: Path | None = kwargs["matrix_file"]
@@ -182,7 +171,7 @@ def lock(upgrade: bool, check: bool, jobs: int, **kwargs: Any) -> None:
     if check and changed:
         click.echo(
             f"envbuild: {len(changed)} of {len(updates)} locks would change; "
-            f"run {_lock_command(matrix_path)} and commit them",
+            f"run {lock_command(matrix_path)} and commit them",
             err=True,
         )
         sys.exit(EXIT_FAILED)

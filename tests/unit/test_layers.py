@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("knowledge_schema", "versions"),
     ("knowledge_frameworks",),
     ("knowledge", "registry", "docker_engine", "base", "smoke", "refresh"),
-    ("gpu_compat",),
+    ("gpu_compat", "uv_resolve"),
     ("compat", "render", "evidence", "lock"),
     ("matrix_file", "published"),
     ("matrix",),

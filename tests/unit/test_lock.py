@@ -26,13 +26,13 @@ from envbuild.lock import (
     lock_inputs,
     lock_path,
     lock_state,
-    one_line_reason,
     pins,
     update_lock,
 )
 from envbuild.matrix import load_matrix, make_plan
 from envbuild.models import BuildOptions, Entry, Install, Knowledge, Plan, Selection
 from envbuild.redact import forget_all
+from envbuild.uv_resolve import one_line_reason
 
 SECRET = "Sup3rSecretPw"
 MATRIX = {
