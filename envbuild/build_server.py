@@ -142,6 +142,12 @@ class _Server(ThreadingHTTPServer):
                 self.open.discard(request)
             self.slots.release()
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A build that goes away mid-download (its engine died, it was interrupted) is no error
+        of envbuild's: log it, never print socketserver's traceback into the user's output."""
+        error = sys.exc_info()[1]
+        log.debug("build server: %s ended a request: %s", client_address, error)
+
     def close_connections(self) -> None:
         """End every connection still open (a kept-alive one must not outlive the build)."""
         with self.open_lock:

@@ -10,8 +10,10 @@ import http.client
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -382,3 +384,22 @@ def test_the_installer_without_its_server_says_how_to_build(tmp_path: Path) -> N
     assert result.returncode == 2
     assert "build with `envbuild build`" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_build_that_goes_away_mid_download_prints_no_traceback(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The engine dying mid-install drops the connection; the user sees envbuild's one line,
+    never the server thread's traceback."""
+    big = tmp_path / "uv"
+    big.write_bytes(b"\0" * (32 * 1024 * 1024))
+    with serve(LOOPBACK, build_files(make_inputs(tmp_path), big)) as base:
+        parts = urllib.parse.urlsplit(base)
+        with socket.create_connection((parts.hostname, parts.port), timeout=10) as client:
+            client.sendall(f"GET {parts.path}uv HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert client.recv(1024).startswith(b"HTTP/1.1 200")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        time.sleep(0.5)  # the server thread meets the reset while still sending
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err
+    assert "Error" not in captured.err
