@@ -36,6 +36,15 @@ _PROBE_SCRIPT = (
     "python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])'; fi"
 )
 
+# How many times a push tags again after a concurrent publisher dropped the shared local tag.
+_PUSH_TRIES = 4
+# How the engine says the tag to push is gone: the tag alone, or every tag of the repository.
+_NO_SUCH_TAG = ("tag does not exist", "An image does not exist locally with the tag")
+
+
+class _TagVanished(Exception):
+    """The local tag a push needs was removed before the engine read it."""
+
 
 class DockerEngine:
     """A connected Docker engine, driven through docker-py (classic builder API)."""
@@ -205,7 +214,34 @@ class DockerEngine:
         auth_config: dict[str, str] | None,
         on_line: Callable[[str], None],
     ) -> str:
-        """Tag the image as `ref` (repo:tag), push it, drop the local tag; return the pushed digest."""
+        """Tag the image as `ref` (repo:tag), push it, drop the local tag; return the pushed digest.
+
+        Two publishers of one image on one engine share the local tag `ref`: the first to finish
+        drops it, and the other's push, if it had not yet begun, finds no such tag. That push
+        tags again and retries; each publisher drops the tag once, so a few tries suffice.
+        """
+        for _ in range(_PUSH_TRIES - 1):
+            try:
+                return self._push_once(image_id, ref, auth_config=auth_config, on_line=on_line)
+            except _TagVanished:
+                log.info("the local tag %s was removed by another publisher; tagging again", ref)
+        try:
+            return self._push_once(image_id, ref, auth_config=auth_config, on_line=on_line)
+        except _TagVanished:
+            msg = (
+                f"push of {ref} failed: the local tag was removed {_PUSH_TRIES} times while"
+                " pushing (another process untagging it?); publish again"
+            )
+            raise EnvbuildError(msg) from None
+
+    def _push_once(
+        self,
+        image_id: str,
+        ref: str,
+        *,
+        auth_config: dict[str, str] | None,
+        on_line: Callable[[str], None],
+    ) -> str:
         repository, tag = split_tag(ref)
         tag = tag or "latest"
         self.tag(image_id, ref)
@@ -216,29 +252,41 @@ class DockerEngine:
             )
             for chunk in stream:
                 if "error" in chunk:
-                    msg = f"push of {ref} failed: {str(chunk['error']).strip()}"
+                    error = str(chunk["error"]).strip()
+                    if error.startswith(_NO_SUCH_TAG):
+                        raise _TagVanished(error)
+                    msg = f"push of {ref} failed: {error}"
                     raise EnvbuildError(msg)
                 if "status" in chunk and chunk.get("id") is None:
                     on_line(str(chunk["status"]))
                 aux = chunk.get("aux") or {}
                 if "Digest" in aux:
                     digest = str(aux["Digest"])
+        except docker.errors.NotFound as exc:
+            raise _TagVanished(str(exc)) from exc
         except docker.errors.APIError as exc:
             msg = f"push of {ref} failed: {_short(exc)}"
             raise EnvbuildError(msg) from exc
         except _LOST as exc:
             raise _lost(exc, f"while pushing {ref}") from exc
         finally:
-            image = self.image(image_id)
-            if image is not None and any(t != ref for t in image.tags):  # never drop the last tag
-                try:
-                    self._client.images.remove(ref, noprune=True)
-                except docker.errors.DockerException:
-                    log.warning("could not remove the local tag %s", ref)
+            self._untag(image_id, ref)
         if digest is None:
             msg = f"push of {ref} reported no digest"
             raise EnvbuildError(msg)
         return digest
+
+    def _untag(self, image_id: str, ref: str) -> None:
+        """Drop the local tag `ref` unless it is the image's last name; gone already is fine."""
+        image = self.image(image_id)
+        if image is None or ref not in image.tags or not any(t != ref for t in image.tags):
+            return
+        try:
+            self._client.images.remove(ref, noprune=True)
+        except docker.errors.NotFound:
+            pass  # another publisher of the same image dropped it first
+        except docker.errors.DockerException:
+            log.warning("could not remove the local tag %s", ref)
 
     # -- containers ---------------------------------------------------------
 

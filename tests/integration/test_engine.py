@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import docker
+import pytest
+import requests
+
+from envbuild.docker_engine import DockerEngine
 from envbuild.engine import Engine
+from envbuild.errors import EnvbuildError
 from tests.docker_support import envbuild
+from tests.registry_server import RegistryServer
 
 
 def test_an_unreachable_engine_exits_3_without_a_traceback() -> None:
@@ -83,3 +92,59 @@ def test_doctor_without_an_engine_exits_3_and_still_reports() -> None:
     report = json.loads(result.stdout)
     assert report["engine"]["reachable"] is False
     assert "cannot reach the Docker engine" in report["engine"]["error"]
+
+
+MANIFEST_TYPES = (
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+class _RacedEngine(DockerEngine):
+    """A real engine whose first `vanish` tags are dropped at once, as a second publisher of the
+    same image does when it finishes between this one's tag and push."""
+
+    def __init__(self, client: docker.DockerClient, vanish: int) -> None:
+        super().__init__(client)
+        self.vanish = vanish
+        self.tags = 0
+
+    def tag(self, image_id: str, ref: str) -> None:
+        super().tag(image_id, ref)
+        self.tags += 1
+        if self.tags <= self.vanish:
+            self._client.images.remove(ref, noprune=True)
+
+
+def test_a_push_whose_tag_another_publisher_dropped_tags_again(
+    docker_client: docker.DockerClient, base_image: str, tmp_path: Path
+) -> None:
+    image = str(docker_client.images.get(base_image).id)
+    with RegistryServer(tmp_path / "registry") as server:
+        ref = f"{server.host}/raced/base:one"
+        engine = _RacedEngine(docker_client, vanish=1)
+        digest = engine.push(image, ref, auth_config=None, on_line=lambda _: None)
+        assert engine.tags == 2
+        assert digest.startswith("sha256:")
+        manifest = requests.head(
+            f"{server.url}/v2/raced/base/manifests/one",
+            headers={"Accept": ", ".join(MANIFEST_TYPES)},
+            timeout=10,
+        )
+        assert manifest.headers["Docker-Content-Digest"] == digest
+    assert ref not in docker_client.images.get(image).tags  # the local tag is dropped after
+
+
+def test_a_push_whose_tag_keeps_vanishing_stops_with_one_line(
+    docker_client: docker.DockerClient, base_image: str, tmp_path: Path
+) -> None:
+    image = str(docker_client.images.get(base_image).id)
+    with RegistryServer(tmp_path / "registry") as server:
+        ref = f"{server.host}/raced/base:always"
+        engine = _RacedEngine(docker_client, vanish=100)
+        with pytest.raises(EnvbuildError, match="local tag was removed 4 times") as caught:
+            engine.push(image, ref, auth_config=None, on_line=lambda _: None)
+        assert "\n" not in str(caught.value)
+        assert engine.tags == 4
