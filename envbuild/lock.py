@@ -11,6 +11,7 @@ builds without a matrix in the cache. No Docker here, and no jinja2.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -218,9 +219,11 @@ def update_lock(
     matrix_path: Path | None,
     upgrade: bool = False,
     write: bool = True,
+    found: OnDisk | None = None,
 ) -> LockUpdate:
-    """Resolve the entry (keeping the old pins unless `upgrade`) and write its lock atomically."""
-    found = on_disk(entry, options, matrix_path, knowledge)
+    """Resolve the entry (keeping the old pins unless `upgrade`) and write its lock atomically,
+    where `found` (default: where the entry's inputs place it) says."""
+    found = found or on_disk(entry, options, matrix_path, knowledge)
     inputs, digest, path, old = found.inputs, found.digest, found.path, found.text
     before = found.state
     previous = old if old is not None and unresolvable_reason(old) is None else None
@@ -249,6 +252,14 @@ def update_lock(
     )
 
 
+def _writable(path: Path) -> bool:
+    """Whether a lock can be written at `path`: its nearest existing folder takes new files."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK) and not path.is_dir()
+
+
 def refusal(entry: Entry, reason: str) -> str:
     """The one line an unresolvable entry is refused with."""
     return (
@@ -275,15 +286,24 @@ def lock_for(
         msg = f"{path} is {why}; run {lock_command(matrix_path)}"
         raise BadInput(msg)
     if state in ("missing", "stale"):
-        update = update_lock(entry, options, knowledge, matrix_path=matrix_path)
         said = f"{entry.id}: lock {'written' if text is None else 'updated'}: {path}"
+        if matrix_path is not None and not _writable(path):
+            # A matrix in a read-only folder still builds: its lock goes to the cache, named by
+            # the entry's inputs like the lock of a build without a matrix, and is reused there.
+            cached = lock_path(entry, None, found.digest)
+            said = f"{entry.id}: {path.parent} cannot be written; lock kept in {cached}"
+            found = dataclasses.replace(found, path=cached, text=read_lock_text(cached))
+        if found.state in ("fresh", "unresolvable"):  # the cache held it already
+            text = found.text
+        else:
+            update = update_lock(entry, options, knowledge, matrix_path=matrix_path, found=found)
+            text = update.text
         if note is not None:
             note(said)
         else:
             logging.getLogger(__name__).warning("%s", said)
-        text = update.text
     assert text is not None
     reason = unresolvable_reason(text)
     if reason is not None:
         raise BadInput(refusal(entry, reason))
-    return Lock(entry_id=entry.id, text=text, path=path)
+    return Lock(entry_id=entry.id, text=text, path=found.path)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -306,3 +309,56 @@ def test_no_credential_reaches_a_lock_or_any_output(
     for text in [*texts, failed]:
         assert SECRET not in text
         assert "user:" not in text
+
+
+@pytest.fixture
+def read_only_matrix(tmp_path: Path) -> Iterator[Path]:
+    """team.yaml on a tmpfs remounted read-only: a real EROFS, which root cannot write through
+    either (a file mode would not stop root). Needs root, as CI has; skipped elsewhere."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=False).returncode:  # fmt: skip
+        pytest.skip("mounting a read-only folder needs root")
+    try:
+        (folder / "team.yaml").write_text(yaml.safe_dump(MATRIX), encoding="utf-8")
+        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+        yield folder / "team.yaml"
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_matrix_in_a_read_only_folder_still_builds_with_a_cached_lock(
+    knowledge: Knowledge,
+    wheelhouse: Path,
+    read_only_matrix: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (entry,) = make_plan(knowledge, load_matrix(read_only_matrix, knowledge), Selection()).entries
+    heard: list[str] = []
+
+    def build() -> Path | None:
+        lock = lock_for(
+            entry, offline(wheelhouse), matrix_path=read_only_matrix, locked=False,
+            knowledge=knowledge, note=heard.append,
+        )  # fmt: skip
+        assert pins(lock.text) == {"numpy": "2.0.0", "tinyb": "1.0", "torch": "2.4.1"}
+        return lock.path
+
+    first = build()
+    assert first is not None
+    assert first.parent == tmp_path / "cache" / "envbuild" / "locks"
+    assert first.read_text(encoding="utf-8").count("--hash=sha256:") == 3
+    beside = read_only_matrix.parent / "team.lock"
+    assert heard == [f"{entry.id}: {beside} cannot be written; lock kept in {first}"]
+    first.write_text(first.read_text(encoding="utf-8") + "# kept\n", encoding="utf-8")
+    assert build() == first  # read again from the cache, not resolved afresh
+    assert first.read_text(encoding="utf-8").endswith("# kept\n")
+    with pytest.raises(BadInput, match="is missing; run envbuild lock"):
+        lock_for(
+            entry, offline(wheelhouse), matrix_path=read_only_matrix, locked=True,
+            knowledge=knowledge,
+        )  # fmt: skip  # --locked builds only locks beside the matrix, never the cache's
+    with pytest.raises(BadInput, match="cannot write the lock"):
+        update_lock(entry, offline(wheelhouse), knowledge, matrix_path=read_only_matrix)
