@@ -330,15 +330,17 @@ def test_index_urls_travel_in_uv_environment_never_on_its_command_line() -> None
     assert "UV_INDEX_URL" not in install_env.uv_environment(offline, {}, None)
 
 
+# Records each call (one JSON line) and fails the lock's install with `code`: the seeding of the
+# venv with pip is a call of its own. (uv itself is tested where it really runs: the e2e builds.)
 FAKE_UV = """#!{python}
 import json, os, sys
 ca = os.environ.get("SSL_CERT_FILE")
 record = {{"argv": sys.argv[1:], "ca": open(ca).read() if ca else None,
           "env": {{k: v for k, v in os.environ.items() if k.startswith(("UV_", "SSL_"))}},
           "here": os.path.dirname(sys.argv[0])}}
-with open({record!r}, "w") as handle:
-    json.dump(record, handle)
-sys.exit({code})
+with open({record!r}, "a") as handle:
+    handle.write(json.dumps(record) + "\\n")
+sys.exit({code} if "-r" in sys.argv else 0)
 """
 
 
@@ -362,12 +364,18 @@ def test_the_installer_fetches_installs_and_leaves_nothing_behind(
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
     assert result.returncode == (0 if code == 0 else 1), result.stderr
-    seen = json.loads(record.read_text())
+    seed, seen = (json.loads(line) for line in record.read_text().splitlines())
+    # The venv is seeded with the wheels `python3 -m venv` uses, offline, before the lock.
+    seeds = install_env.seed_wheels()
+    assert seeds
+    assert Path(seeds[0]).name.startswith("pip-")
+    assert seed["argv"][-len(seeds) :] == seeds
+    assert {"--offline", "--no-index", "--no-deps"} <= set(seed["argv"])
+    assert (venv / "bin" / "python").exists()
     assert seen["ca"] == CA.decode()  # the CA bundle was there while uv ran ...
     assert seen["env"]["UV_INDEX_URL"] == inputs.index_url
     assert seen["argv"][seen["argv"].index("--find-links") + 1] == base + "wheels/"
     assert seen["argv"][seen["argv"].index("--python") + 1] == str(venv / "bin" / "python")
-    assert (venv / "bin" / "pip").exists()  # the venv keeps pip, as before
     assert list(scratch_root.iterdir()) == []  # ... and uv, the CA and the config are gone
     assert not Path(seen["here"]).exists()
     if code:
