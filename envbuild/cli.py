@@ -22,6 +22,7 @@ from envbuild.cli_options import (
     build_options_from,
     fetch_options,
     fleet_from,
+    fleet_option,
     package_options,
     plan_from,
     reports_errors,
@@ -31,7 +32,7 @@ from envbuild.errors import EXIT_FAILED, EnvbuildError
 
 if TYPE_CHECKING:
     from envbuild.engine import Engine
-    from envbuild.models import Entry
+    from envbuild.models import Entry, Gpu
     from envbuild.publish import Candidate, Published
     from envbuild.store import ResultStore
 
@@ -190,11 +191,12 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
     metavar="REGISTRY",
     help="Publish what passed to this registry (host[/prefix]) in the same run.",
 )
+@fleet_option
 @reports_errors
 def build(
     no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
     junit_file: Path | None, push_registry: str | None, no_cache: bool, locked: bool,
-    **kwargs: Any,
+    fleet_gpus: tuple[str, ...], **kwargs: Any,
 ) -> None:  # fmt: skip
     """Build images for the selected entries, then smoke-test them.
 
@@ -209,9 +211,10 @@ def build(
 
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     knowledge, _, result = plan_from(kwargs, newest_only=True)
+    fleet = fleet_from(knowledge, None, fleet_gpus)
     run = RunOptions(
         jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
-        push_registry=None if no_smoke else push_registry,
+        push_registry=None if no_smoke else push_registry, fleet=fleet.gpus if fleet else (),
     )  # fmt: skip
     with ProgressView([e.id for e in result.entries]) as view:
         results = run_entries(
@@ -245,7 +248,9 @@ def build(
         sys.exit(EXIT_FAILED)
 
 
-def _publish_entries(entries: list[Entry], registry: str, *, report_file: Path | None) -> None:
+def _publish_entries(
+    entries: list[Entry], registry: str, *, report_file: Path | None, fleet: tuple[Gpu, ...] = ()
+) -> None:
     from envbuild.engine import connect
     from envbuild.publish import entry_candidates
     from envbuild.store import ResultStore
@@ -253,7 +258,7 @@ def _publish_entries(entries: list[Entry], registry: str, *, report_file: Path |
     engine = connect()
     store = ResultStore.default()
     items = entry_candidates(engine, store, entries)
-    _publish_items(engine, store, items, registry, report_file)
+    _publish_items(engine, store, items, registry, report_file, fleet)
 
 
 def _publish_items(
@@ -262,6 +267,7 @@ def _publish_items(
     items: list[Candidate],
     registry: str,
     report_file: Path | None,
+    fleet: tuple[Gpu, ...] = (),
 ) -> None:
     """Publish, showing each reference; the report lists what was published, even on failure."""
     from envbuild.publish import publish_images
@@ -277,7 +283,9 @@ def _publish_items(
         published.append({"image": item.source, "image_id": item.image_id, **pushed.as_dict()})
 
     try:
-        publish_images(engine, store, items, registry, on_start=start, on_published=done)
+        publish_images(
+            engine, store, items, registry, on_start=start, on_published=done, fleet=fleet
+        )
     finally:
         if report_file is not None:
             write_json(report_file, {"registry": registry, "published": published})
@@ -298,10 +306,12 @@ def _publish_items(
     type=click.Path(path_type=Path),
     help="Write the pushed references as JSON.",
 )
+@fleet_option
 @reports_errors
 def publish(
-    images: tuple[str, ...], registry: str, report_file: Path | None, **kwargs: Any
-) -> None:
+    images: tuple[str, ...], registry: str, report_file: Path | None,
+    fleet_gpus: tuple[str, ...], **kwargs: Any,
+) -> None:  # fmt: skip
     """Push vetted images (by selectors, or IMAGE references) and verify what the registry holds.
 
     Only an image whose smoke test passed for its exact image id is pushed. The immutable tag
@@ -320,15 +330,19 @@ def publish(
     if images and picked:
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
+    from envbuild.knowledge import load_knowledge
+
+    fleet = fleet_from(load_knowledge(), None, fleet_gpus)
+    gpus = fleet.gpus if fleet else ()
     if images:
         engine = connect()
         store = ResultStore.default()
         items = [candidate(engine, store, ref) for ref in images]
-        _publish_items(engine, store, items, registry, report_file)
+        _publish_items(engine, store, items, registry, report_file, gpus)
         return
     _, _, result = plan_from(kwargs)
     built = built_entries(connect(), result.entries)
-    _publish_entries(built, registry, report_file=report_file)
+    _publish_entries(built, registry, report_file=report_file, fleet=gpus)
 
 
 @main.command()
@@ -390,14 +404,17 @@ def verify(reference: str, as_json: bool) -> None:
     show_default=True,
     help="Seconds before the payload is killed.",
 )
+@fleet_option
 @reports_errors
-def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
+def smoke(image: str, as_json: bool, gpus: str, timeout: int, fleet_gpus: tuple[str, ...]) -> None:
     """Prove IMAGE trains and all-reduces: run the smoke payload inside it."""
     from envbuild.engine import connect
+    from envbuild.knowledge import load_knowledge
     from envbuild.report import smoke_lines
-    from envbuild.smoke import smoke_image
+    from envbuild.smoke import fleet_refusal, smoke_image
     from envbuild.store import ResultStore
 
+    fleet = fleet_from(load_knowledge(), None, fleet_gpus)  # a bad --gpu fails before any work
     store = ResultStore.default()  # an unusable record fails before minutes of work
     engine = connect()
     engine.remove_leftovers()
@@ -410,6 +427,11 @@ def smoke(image: str, as_json: bool, gpus: str, timeout: int) -> None:
     if not result.passed:
         failed = ", ".join(c.detail for c in result.checks if not c.passed)
         click.echo(f"envbuild: smoke test of {image} failed: {failed}", err=True)
+        sys.exit(EXIT_FAILED)
+    found = engine.image(image)
+    refusal = fleet and found and fleet_refusal(result.payload, found.labels, fleet.gpus)
+    if refusal:
+        click.echo(f"envbuild: {image} passed, but not for --gpu: {refusal}", err=True)
         sys.exit(EXIT_FAILED)
 
 

@@ -219,6 +219,20 @@ def package_options(func: F) -> F:
     return func
 
 
+def fleet_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--gpu GPU` (repeatable): the fleet an image must have kernels for."""
+    return click.option(
+        "--gpu",
+        "fleet_gpus",
+        multiple=True,
+        metavar="GPU",
+        help=(
+            "Refuse an image without kernels (SASS or PTX) for this GPU (H100, 'RTX 5090', "
+            "sm_120, 12.0), read from its libraries; repeatable."
+        ),
+    )(func)
+
+
 def fleet_from(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) -> Fleet | None:
     import difflib
     import re

@@ -17,12 +17,12 @@ from envbuild.engine import Engine
 from envbuild.engine import connect as connect_engine
 from envbuild.errors import EnvbuildError
 from envbuild.interrupt import remove_scratch, run_id, scratch_prefix
-from envbuild.models import BaseProbe, BuildContext, BuildOptions, Entry, Knowledge, Lock
+from envbuild.models import BaseProbe, BuildContext, BuildOptions, Entry, Gpu, Knowledge, Lock
 from envbuild.published import entry_target, published_already
 from envbuild.redact import register_url
 from envbuild.registry import RegistryClient
 from envbuild.results import EntryResult, SmokeResult
-from envbuild.smoke import smoke_image
+from envbuild.smoke import fleet_refusal, smoke_image
 from envbuild.store import ResultStore
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class RunOptions:
     gpus: str = "auto"
     no_cache: bool = False  # rebuild every layer, even when the content hash exists
     push_registry: str | None = None  # entries whose immutable tag it holds, vetted, are skipped
+    fleet: tuple[Gpu, ...] = ()  # --gpu: an image without kernels for one of these fails
 
 
 def build_shared_stages(
@@ -221,12 +222,16 @@ def _build_and_smoke(
     if not run.smoke:
         return EntryResult(entry=entry, image=built, smoke=None, error=None)
     record = store.latest_smoke(built.id)
-    if not built.built and record is not None and record.passed:
+    reused = not built.built and record is not None and record.passed
+    if reused and record is not None:
         on_event(Event(entry_id=entry.id, state="smoke", detail="vetted before: not rerun"))
         smoke = SmokeResult.from_report(record.report, image=entry.image, image_id=built.id)
-        return EntryResult(entry=entry, image=built, smoke=smoke, error=None, smoke_reused=True)
-    on_event(Event(entry_id=entry.id, state="smoke"))
-    smoke = smoke_image(engine, built.id, gpus=run.gpus)
-    smoke = dataclasses.replace(smoke, image=entry.image)  # the entry's tag, not the image id
-    store.record_smoke(smoke)
-    return EntryResult(entry=entry, image=built, smoke=smoke, error=None)
+    else:
+        on_event(Event(entry_id=entry.id, state="smoke"))
+        smoke = smoke_image(engine, built.id, gpus=run.gpus)
+        smoke = dataclasses.replace(smoke, image=entry.image)  # the entry's tag, not the image id
+        store.record_smoke(smoke)
+    found = engine.image(built.id) if run.fleet and smoke.passed else None
+    refusal = found and fleet_refusal(smoke.payload, found.labels, run.fleet)
+    error = f"passed, but not for --gpu: {refusal}" if refusal else None
+    return EntryResult(entry=entry, image=built, smoke=smoke, error=error, smoke_reused=reused)

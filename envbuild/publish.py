@@ -13,12 +13,13 @@ from envbuild.errors import BadInput, EnvbuildError
 from envbuild.evidence import PACKAGES, SMOKE_REPORT, attach_evidence, image_config_digest
 from envbuild.knowledge import cuda_tag
 from envbuild.matrix import newest_per_framework
-from envbuild.models import Entry
+from envbuild.models import Entry, Gpu
 from envbuild.published import Target, held_digest, target
 from envbuild.references import split_tag
 from envbuild.registry import RegistryClient
 from envbuild.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from envbuild.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
+from envbuild.smoke import fleet_refusal
 from envbuild.store import ResultStore
 
 PACKAGES_SCRIPT = (
@@ -148,11 +149,15 @@ def publish_images(
     *,
     on_start: Callable[[Candidate], None],
     on_published: Callable[[Candidate, Published], None],
+    fleet: tuple[Gpu, ...] = (),
 ) -> None:
     """Publish each candidate in turn (see publish_image); stop at the first failure."""
     for item in items:
         on_start(item)
-        for done in publish_image(engine, store, item, registry, on_line=lambda line: None):
+        pushed = publish_image(
+            engine, store, item, registry, on_line=lambda line: None, fleet=fleet
+        )
+        for done in pushed:
             on_published(item, done)
 
 
@@ -163,9 +168,11 @@ def publish_image(
     registry: str,
     *,
     on_line: Callable[[str], None],
+    fleet: tuple[Gpu, ...] = (),
 ) -> list[Published]:
     """Push one vetted image under its immutable tag, verify the digest, attach the evidence, then
-    move the moving tags; record the publication only when the registry holds the tested image."""
+    move the moving tags; record the publication only when the registry holds the tested image.
+    With a `fleet` (--gpu), an image without kernels for one of its GPUs is refused first."""
     record = store.latest_smoke(item.image_id)
     if record is None or not record.passed:
         why = "has never been smoke-tested" if record is None else "failed its last smoke test"
@@ -173,6 +180,11 @@ def publish_image(
             f"refusing to publish {item.source}: image {item.image_id[:19]} {why}; "
             f"vet it with `envbuild smoke {item.source}` (or `envbuild build`) first"
         )
+        raise NotVetted(msg)
+    image = engine.image(item.image_id) if fleet else None
+    refusal = image and fleet_refusal(record.report, image.labels, fleet)
+    if refusal:
+        msg = f"refusing to publish {item.source} for --gpu: {refusal}"
         raise NotVetted(msg)
     where = target(registry, item.name, item.tag, item.content_hash or item.image_id[7:])
     host, repository, immutable = where.host, where.repository, where.immutable

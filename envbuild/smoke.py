@@ -9,7 +9,8 @@ from typing import Any
 from envbuild import labels as label_keys
 from envbuild.engine import Engine
 from envbuild.errors import BadInput, SmokeFailed
-from envbuild.models import CPU
+from envbuild.gpu_compat import arch_build
+from envbuild.models import CPU, Combination, Gpu, Knowledge
 from envbuild.resources import payload_harness_path, payload_path
 from envbuild.results import SmokeCheck, SmokeResult
 
@@ -59,6 +60,133 @@ def payload_files(framework: str, *, image: str) -> tuple[str, dict[str, bytes]]
         f"{PAYLOAD_DIR}/{harness.name}": harness.read_bytes(),
     }
     return target, files
+
+
+def static_files() -> tuple[str, dict[str, bytes]]:
+    """The static CUDA payload (cuda_static.py) and the harness it reports through."""
+    script = payload_harness_path().parent / "cuda_static.py"
+    harness = payload_harness_path()
+    if not script.is_file() or not harness.is_file():
+        msg = f"envbuild's static CUDA payload {script} is missing; reinstall envbuild"
+        raise SmokeFailed(msg)
+    target = f"{PAYLOAD_DIR}/{script.name}"
+    return target, {
+        target: script.read_bytes(),
+        f"{PAYLOAD_DIR}/{harness.name}": harness.read_bytes(),
+    }
+
+
+def _library_names(part: dict[str, Any], key: str) -> list[str]:
+    found = (part.get("libraries") or {}).get(key) or []
+    return sorted({str(item.get("version")) for item in found if isinstance(item, dict)})
+
+
+def _matches(read: str, label: str) -> bool:
+    """A version read from a library against a label, to the precision of the shorter."""
+    parts = min(len(read.split(".")), len(label.split(".")))
+    return read.split(".")[:parts] == label.split(".")[:parts]
+
+
+def check_static(
+    static: dict[str, Any], labels: dict[str, str], knowledge: Knowledge
+) -> list[SmokeCheck]:
+    """Host-side checks of the static CUDA report: every needed library in the image, the
+    versions the libraries report against the labels, the compiled architectures against the
+    knowledge base's list for this build."""
+    checks: list[SmokeCheck] = []
+    errors = static.get("errors") or []
+    closure = static.get("closure") or {}
+    missing = closure.get("missing") or []
+    if errors:
+        checks.append(
+            SmokeCheck(
+                name="cuda_static",
+                passed=False,
+                detail="the static CUDA payload failed: " + "; ".join(map(str, errors))[:500],
+            )
+        )
+    shown_missing = "; ".join(
+        f"{m.get('library')} needs {m.get('needs')}, not in the image" for m in missing[:5]
+    )
+    checks.append(
+        SmokeCheck(
+            name="cuda_libraries",
+            passed=bool(closure.get("ok")) and not missing,
+            detail=(
+                f"{closure.get('libraries')} shared objects: every library they need is in the "
+                "image (the driver's own aside)"
+                if not missing
+                else shown_missing + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+            ),
+        )
+    )
+    versions = static.get("versions") or {}
+    for name, key, label in (
+        ("cudnn_library", "cudnn", label_keys.CUDNN),
+        ("nccl_library", "nccl", label_keys.NCCL),
+        ("cuda_runtime_library", "cuda_runtime", label_keys.CUDA),
+    ):
+        expected = labels.get(label) or ""
+        read = _library_names(versions, key)
+        if not expected and not read:
+            continue
+        what = {"cudnn": "cuDNN", "nccl": "NCCL", "cuda_runtime": "the CUDA runtime"}[key]
+        if not read:
+            detail, passed = f"no {what} library in the image (labels say {expected})", False
+        elif not expected:
+            detail, passed = f"{what} {', '.join(read)} read from the library (no label)", True
+        else:
+            passed = all(_matches(version, expected) for version in read)
+            detail = f"{what} {', '.join(read)} read from the library (labels say {expected})"
+        checks.append(SmokeCheck(name=name, passed=passed, detail=detail))
+    checks.append(_check_archs(static.get("archs") or {}, labels, knowledge))
+    return checks
+
+
+def _check_archs(archs: dict[str, Any], labels: dict[str, str], knowledge: Knowledge) -> SmokeCheck:
+    library = str(archs.get("library") or "")
+    if not library:
+        return SmokeCheck(
+            name="gpu_archs", passed=False, detail="no library of the framework holds GPU code"
+        )
+    name = library.rsplit("/", 1)[-1]
+    sass = {int(a) for a in archs.get("sass") or []}
+    ptx = {int(a) for a in archs.get("ptx") or []}
+    has = f"{name} has {archs.get('describe')}"
+    combo = Combination(
+        framework=labels.get(label_keys.FRAMEWORK, ""),
+        framework_version=labels.get(label_keys.FRAMEWORK_VERSION, ""),
+        cuda=labels.get(label_keys.CUDA, ""),
+        python=labels.get(label_keys.PYTHON, ""),
+        os=labels.get(label_keys.OS, ""),
+    )
+    row = arch_build(knowledge, combo)
+    if row is None or (not row.sm and row.min_cc is None):
+        return SmokeCheck(name="gpu_archs", passed=bool(sass or ptx), detail=f"{has}; the knowledge base has no list for this build")  # fmt: skip
+    if not row.sm:  # only a floor is known: the oldest GPU it names must have a kernel
+        floor = int(str(row.min_cc).replace(".", ""))
+        runs = any(a // 10 == floor // 10 and a <= floor for a in sass) or any(
+            a <= floor for a in ptx
+        )
+        older = [a for a in sass | ptx if a < floor]
+        return SmokeCheck(
+            name="gpu_archs",
+            passed=runs and not older,
+            detail=f"{has}; the knowledge base says compute capability >= {row.min_cc}",
+        )
+    listed = {int(cc.replace(".", "")) for cc in row.sm}
+    lacking = sorted(listed - sass)
+    ptx_differs = bool(ptx) != row.ptx
+    said = ", ".join(f"sm_{a}" for a in sorted(listed)) + (" + PTX" if row.ptx else ", no PTX")
+    extra = sorted(sass - listed)
+    detail = f"{has}; the knowledge base says {said}"
+    if lacking:
+        detail += f"; missing {', '.join(f'sm_{a}' for a in lacking)}"
+    if ptx_differs:
+        detail += "; PTX " + ("missing" if row.ptx else "present, the knowledge base says none")
+    if extra and not lacking and not ptx_differs:
+        detail += f" (some kernels also for {', '.join(f'sm_{a}' for a in extra)})"
+    return SmokeCheck(name="gpu_archs", passed=not lacking and not ptx_differs, detail=detail)
 
 
 def check_report(
@@ -189,6 +317,12 @@ def smoke_image(
         payload = {}
     else:
         checks = check_report(payload, image.labels, gpus=use_gpus)
+    cuda = image.labels.get(label_keys.CUDA)
+    if cuda and cuda != CPU:
+        # CUDA proven without a GPU: its own container, no GPU asked for.
+        static, static_checks = _static_smoke(engine, ref, image.labels, framework, timeout)
+        payload["cuda_static"] = static
+        checks = [*checks, *static_checks]
     return SmokeResult(
         image=ref,
         image_id=image.id,
@@ -198,3 +332,52 @@ def smoke_image(
         seconds=time.monotonic() - start,
         stderr_tail=result.stderr.strip()[-2000:],
     )
+
+
+def _static_smoke(
+    engine: Engine, ref: str, labels: dict[str, str], framework: str, timeout: float
+) -> tuple[dict[str, Any], list[SmokeCheck]]:
+    """Run cuda_static.py in a container of `ref` without a GPU; its report and checks."""
+    from envbuild.knowledge import load_knowledge
+
+    target, files = static_files()
+    command = ["timeout", "-k", "10", str(int(timeout)), "python3", target, framework]
+    result = engine.run(ref, command, timeout=timeout + 30, files=files, gpus=False)
+    static = _parse(result.stdout)
+    if static is None:
+        why = (
+            "timed out"
+            if result.timed_out or result.exit_code == 124
+            else f"exited {result.exit_code}"
+        )
+        detail = f"the static CUDA payload {why} without a JSON report; stderr: {result.stderr.strip()[-400:]}"
+        return {}, [SmokeCheck(name="cuda_static", passed=False, detail=detail)]
+    return static, check_static(static, labels, load_knowledge())
+
+
+def fleet_refusal(
+    payload: dict[str, Any], labels: dict[str, str], fleet: tuple[Gpu, ...]
+) -> str | None:
+    """Why an image must not go to a fleet of these GPUs (`--gpu`), from the architectures its
+    smoke report read out of the framework's library; None when every GPU has a kernel to run
+    (SASS of its generation at or below its compute capability, or PTX at or below it)."""
+    cuda = labels.get(label_keys.CUDA)
+    if not fleet or not cuda or cuda == CPU:
+        return None
+    archs = (payload.get("cuda_static") or {}).get("archs") or {}
+    library = str(archs.get("library") or "").rsplit("/", 1)[-1]
+    if not library:
+        return (
+            "its smoke report holds no compiled architectures; smoke-test it again (envbuild smoke)"
+        )
+    sass = {int(a) for a in archs.get("sass") or []}
+    ptx = {int(a) for a in archs.get("ptx") or []}
+    lacking = []
+    for gpu in fleet:
+        cc = int(gpu.cc.replace(".", ""))
+        if not any(a // 10 == cc // 10 and a <= cc for a in sass) and not any(a <= cc for a in ptx):
+            name = f"sm_{cc}" if gpu.name == f"sm_{cc}" else f"sm_{cc} ({gpu.name})"
+            lacking.append(name)
+    if not lacking:
+        return None
+    return f"no kernels for {', '.join(lacking)} in {library} (has {archs.get('describe')})"

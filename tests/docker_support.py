@@ -45,6 +45,22 @@ def envbuild(
     )
 
 
+def derive(
+    docker_client: docker.DockerClient,
+    folder: Path,
+    tag: str,
+    dockerfile: str,
+    files: dict[str, str],
+) -> str:
+    """Build a derived image (a sabotaged copy of a tested one) from `dockerfile` in `folder`,
+    labelled TEST_LABEL so that the session removes it."""
+    (folder / "Dockerfile").write_text(dockerfile)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    docker_client.images.build(path=str(folder), tag=tag, labels={TEST_LABEL: "1"}, rm=True)
+    return tag
+
+
 def _remove_test_images(client: docker.DockerClient) -> None:
     for image in client.images.list():
         if any(tag.startswith("envbuild-test/") for tag in image.tags):
@@ -52,7 +68,10 @@ def _remove_test_images(client: docker.DockerClient) -> None:
                 if tag.startswith("envbuild-test/"):
                     client.images.remove(tag, force=True)
     for image in client.images.list(filters={"label": TEST_LABEL}):
-        client.images.remove(image.id, force=True)
+        try:
+            client.images.remove(image.id, force=True)
+        except docker.errors.APIError as exc:  # in use by another test session's container
+            print(f"could not remove test image {image.short_id}: {exc}")
     # A push leaves the image referenced by its digest in the test registry (127.0.0.1:PORT/...)
     # after its tags are gone; such an image would stay on the shared disk.
     for image in client.images.list():

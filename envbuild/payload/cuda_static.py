@@ -18,7 +18,13 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import re
+import signal
+import site
 import struct
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -162,3 +168,277 @@ def library_version(path: str, symbol: str) -> int:
     if status != 0:
         raise OSError(f"{symbol} in {path} returned status {status}")
     return int(value.value)
+
+
+# -- which libraries the environment's shared objects need, and whether the image has them -------
+
+# The driver's own libraries: mounted into a container by the NVIDIA runtime, never in an image.
+DRIVER_LIBRARIES = ("libcuda.so", "libcuda.so.1", "libnvidia-ml.so.1")
+# Where the dynamic loader looks after a library's own RUNPATH (Debian's multiarch first).
+SYSTEM_DIRS = (
+    "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib",
+    "/usr/lib", "/usr/local/lib",
+)  # fmt: skip
+MAX_LIBRARIES = 20_000  # a walk that finds more is not an environment: stop and say so
+_DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """What a shared object asks of the dynamic loader."""
+
+    needed: tuple[str, ...]
+    search: tuple[str, ...]  # its RUNPATH (or RPATH) folders, $ORIGIN expanded
+
+
+def dynamic(path: str) -> Dynamic:
+    """DT_NEEDED and DT_RUNPATH/DT_RPATH of ELF file `path` (from .dynamic and .dynstr)."""
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            raise FatbinError(f"{path} is not an ELF file")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            table = _section(data, b".dynamic", path)
+            strings = _section(data, b".dynstr", path)
+            if table is None or strings is None:
+                return Dynamic(needed=(), search=())
+            (table_at, table_size), (strings_at, strings_size) = table, strings
+
+            def text(offset: int) -> str:
+                if offset >= strings_size:
+                    raise FatbinError(f"{path}: a .dynamic string lies outside .dynstr")
+                start = strings_at + offset
+                end = data.find(b"\0", start, strings_at + strings_size)
+                end = strings_at + strings_size if end < 0 else end
+                return data[start:end].decode("utf-8", "replace")
+
+            needed, search = [], []
+            origin = os.path.dirname(os.path.abspath(path))
+            for at in range(table_at, table_at + table_size - 15, 16):
+                tag, value = struct.unpack_from("<qQ", data, at)
+                if tag == 0:
+                    break
+                if tag == _DT_NEEDED:
+                    needed.append(text(value))
+                elif tag in (_DT_RPATH, _DT_RUNPATH):
+                    for folder in text(value).split(":"):
+                        folder = folder.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+                        search.append(os.path.normpath(folder))
+            return Dynamic(needed=tuple(needed), search=tuple(search))
+
+
+def shared_objects(roots: list[str]) -> list[str]:
+    """Every ELF shared object (a regular file named *.so or *.so.N…) under `roots`."""
+    found = []
+    for root in roots:
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if ".so" not in name or name.endswith((".py", ".pyc", ".pyi", ".txt")):
+                    continue
+                path = os.path.join(folder, name)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                with open(path, "rb") as handle:
+                    if handle.read(4) != b"\x7fELF":
+                        continue
+                found.append(path)
+                if len(found) > MAX_LIBRARIES:
+                    raise FatbinError(f"more than {MAX_LIBRARIES} shared objects under {roots}")
+    return sorted(found)
+
+
+def unresolved(libraries: list[str], system: set[str]) -> list[tuple[str, str]]:
+    """(library, name) for each needed library found neither on the library's own RUNPATH,
+    nor among the system's (`system`: names in the loader's folders and cache), nor in the
+    environment itself (a framework loads its CUDA libraries before the libraries needing
+    them, so a name there resolves); the driver's own libraries are not asked for."""
+    in_environment = {os.path.basename(path) for path in libraries}
+    for path in libraries:  # the names a library answers to through its symlinks, too
+        folder = os.path.dirname(path)
+        in_environment.update(
+            name for name in os.listdir(folder) if os.path.islink(os.path.join(folder, name))
+        )
+    missing = []
+    for path in libraries:
+        try:
+            wants = dynamic(path)
+        except (FatbinError, OSError, struct.error) as exc:
+            missing.append((path, f"unreadable: {exc}"))
+            continue
+        for name in wants.needed:
+            if name in DRIVER_LIBRARIES or name in system or name in in_environment:
+                continue
+            if any(os.path.exists(os.path.join(folder, name)) for folder in wants.search):
+                continue
+            missing.append((path, name))
+    return missing
+
+
+def system_libraries() -> set[str]:
+    """The library names the loader finds without a RUNPATH: its folders and ld.so.cache."""
+    names: set[str] = set()
+    for folder in SYSTEM_DIRS:
+        if os.path.isdir(folder):
+            names.update(os.listdir(folder))
+    for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if os.access(ldconfig, os.X_OK):
+            listed = subprocess.run(
+                [ldconfig, "-p"], capture_output=True, text=True, timeout=60, check=False
+            )
+            names.update(line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip())
+            break
+    return names
+
+
+# -- the versions CUDA libraries report about themselves ------------------------------------------
+
+# (report key, file name, getter): the environment's own copies, found by name.
+VERSION_LIBRARIES = (
+    ("cudnn", r"libcudnn\.so\.\d+$", "cudnnGetVersion"),
+    ("nccl", r"libnccl\.so\.\d+$", "ncclGetVersion"),
+    ("cuda_runtime", r"libcudart\.so\.\d+$", "cudaRuntimeGetVersion"),
+    ("cublas", r"libcublas\.so\.\d+$", "cublasGetVersion_v2"),
+)
+VERSION_TIMEOUT_S = 60.0
+
+
+def version_text(key: str, number: int) -> str:
+    """A library's integer version as text: cuDNN 90100 -> 9.1.0 (8902 -> 8.9.2), NCCL 22005 ->
+    2.20.5, the CUDA runtime 12010 -> 12.1, cuBLAS 120103 -> 12.1.3."""
+    if key == "cuda_runtime":
+        return f"{number // 1000}.{number % 1000 // 10}"
+    if (key == "cudnn" and number < 90000) or (key == "nccl" and number < 10000):
+        major, rest = divmod(number, 1000)
+    else:
+        major, rest = divmod(number, 10000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def read_versions(libraries: list[str]) -> tuple[dict[str, list[dict[str, str]]], list[str]]:
+    """Each VERSION_LIBRARIES library's own version, asked in a child process (a library that
+    crashes its loader cannot take the payload down); ({key: [{path, version}]}, errors)."""
+    asks = [
+        (key, path, symbol)
+        for key, pattern, symbol in VERSION_LIBRARIES
+        for path in libraries
+        if re.fullmatch(pattern, os.path.basename(path))
+    ]
+    found: dict[str, list[dict[str, str]]] = {key: [] for key, _, _ in VERSION_LIBRARIES}
+    errors: list[str] = []
+    for key, path, symbol in asks:
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--version-of", path, symbol],
+            capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False,
+        )  # fmt: skip
+        answer = child.stdout.strip()
+        if child.returncode != 0 or not answer.isdigit():
+            code = child.returncode
+            status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+            why = (child.stderr.strip().splitlines() or [status])[-1]
+            errors.append(f"{os.path.basename(path)}: {symbol} failed: {why[:300]}")
+            continue
+        found[key].append({"path": path, "version": version_text(key, int(answer))})
+    return found, errors
+
+
+# -- the payload: one JSON report, as the framework payloads give ----------------------------------
+
+FRAMEWORK_FOLDERS = {
+    "torch": ("torch",),
+    "tensorflow": ("tensorflow",),
+    "jax": ("jaxlib", "jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_cuda12_pjrt",
+            "jax_cuda13_pjrt"),
+}  # fmt: skip
+
+
+def framework_library(framework: str, libraries: list[str], roots: list[str]) -> str | None:
+    """The framework's library with the most GPU code (torch: libtorch_cuda.so)."""
+    folders = FRAMEWORK_FOLDERS.get(framework, (framework,))
+    best, best_size = None, 0
+    for path in libraries:
+        top = next(
+            (os.path.relpath(path, root).split(os.sep)[0] for root in roots if path.startswith(root + os.sep)),
+            "",
+        )  # fmt: skip
+        if top not in folders:
+            continue
+        with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size == 0:
+                continue
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                section = _section(data, b".nv_fatbin", path)
+        if section is not None and section[1] > best_size:
+            best, best_size = path, section[1]
+    return best
+
+
+def payload_body(run, framework: str) -> None:  # type: ignore[no-untyped-def]
+    """The sections: closure, versions, archs (each fills its part of the document)."""
+    roots = sorted({os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)})
+    found: list[str] = []
+
+    def closure(doc: dict) -> None:  # type: ignore[type-arg]
+        started = time.perf_counter()
+        found.extend(shared_objects(roots))
+        missing = unresolved(found, system_libraries())
+        part = doc["closure"]
+        part["roots"] = roots
+        part["libraries"] = len(found)
+        part["missing"] = [
+            {"library": os.path.relpath(path, roots[0]) if roots else path, "needs": name}
+            for path, name in missing
+        ]
+        part["ok"] = bool(found) and not missing
+        part["seconds"] = round(time.perf_counter() - started, 3)
+
+    def versions(doc: dict) -> None:  # type: ignore[type-arg]
+        part = doc["versions"]
+        part["libraries"], part["errors"] = read_versions(found)
+        part["ok"] = not part["errors"]
+
+    def archs(doc: dict) -> None:  # type: ignore[type-arg]
+        started = time.perf_counter()
+        part = doc["archs"]
+        library = framework_library(framework, found, roots)
+        part["library"] = library
+        if library is not None:
+            targets = fatbin_targets(library)
+            assert targets is not None
+            part["sass"] = sorted(targets.sass)
+            part["ptx"] = sorted(targets.ptx)
+            part["describe"] = targets.describe()
+        part["ok"] = library is not None
+        part["seconds"] = round(time.perf_counter() - started, 3)
+
+    run.section("closure", 240, closure)
+    run.section("versions", 120, versions)
+    run.section("archs", 120, archs)
+
+
+CHECKS = (
+    ("libraries_resolve", "closure", "ok"),
+    ("versions_read", "versions", "ok"),
+    ("archs_read", "archs", "ok"),
+)
+
+
+def main(argv: list[str]) -> None:
+    """`cuda_static.py FRAMEWORK`: the report; `--version-of PATH SYMBOL`: one version (child)."""
+    if argv[:1] == ["--version-of"] and len(argv) == 3:
+        print(library_version(argv[1], argv[2]))
+        return
+    import smoke_harness as harness  # beside this file in the image, as for the payloads
+
+    framework = argv[0] if argv else "torch"
+    parts = {"closure": {}, "versions": {}, "archs": {}}
+    harness.main(
+        "cuda_static",
+        lambda run: payload_body(run, framework),
+        parts=parts,
+        checks=CHECKS,
+        extra={"framework": framework},
+        total_s=480.0,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -9,7 +9,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import SECRET, TEST_LABEL, TORCH_CPU_IMAGE, envbuild
+from tests.docker_support import SECRET, TEST_LABEL, TORCH_CPU_IMAGE, derive, envbuild
 
 pytestmark = pytest.mark.e2e
 
@@ -109,20 +109,6 @@ def test_the_same_build_again_builds_nothing(
     (again,) = json.loads(report.read_text())["results"]
     assert again["status"] == "found"
     assert again["image"]["id"] == first["results"][0]["image"]["id"]
-
-
-def derive(
-    docker_client: docker.DockerClient,
-    tmp_path: Path,
-    tag: str,
-    dockerfile: str,
-    files: dict[str, str],
-) -> str:
-    (tmp_path / "Dockerfile").write_text(dockerfile)
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
-    docker_client.images.build(path=str(tmp_path), tag=tag, labels={TEST_LABEL: "1"}, rm=True)
-    return tag
 
 
 def test_smoke_fails_when_torch_differs_from_the_labels(

@@ -131,3 +131,100 @@ def test_a_truncated_library_is_named(tmp_path: Path) -> None:
     path.write_bytes(TINY.read_bytes()[: TINY.stat().st_size // 2])
     with pytest.raises(FatbinError, match=r"libhalf\.so"):
         fatbin_targets(str(path))
+
+
+# -- the static payload: library closure and self-reported versions ------------------------------
+
+ELF = RECORDED / "elf"
+
+
+def environment(tmp_path: Path, layout: dict[str, str]) -> Path:
+    """A site-packages folder holding recorded libraries at the given relative paths."""
+    site = tmp_path / "site-packages"
+    for relative, name in layout.items():
+        target = site / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((ELF / name).read_bytes())
+    return site
+
+
+def test_a_library_names_what_it_needs_and_where_it_looks() -> None:
+    found = cuda_static.dynamic(str(ELF / "libneeds_b.so"))
+    assert found.needed == ("libneed_b.so.1",)
+    assert found.search == (str(ELF.parent / "deps"),)  # $ORIGIN expanded
+
+
+def test_a_library_found_on_its_runpath_resolves(tmp_path: Path) -> None:
+    site = environment(
+        tmp_path,
+        {"pkg/lib/libneeds_b.so": "libneeds_b.so", "pkg/deps/libneed_b.so.1": "libneed_b.so.1"},
+    )
+    libraries = cuda_static.shared_objects([str(site)])
+    assert [Path(p).name for p in libraries] == ["libneed_b.so.1", "libneeds_b.so"]
+    assert cuda_static.unresolved(libraries, system=set()) == []
+
+
+def test_a_library_the_image_lacks_is_named(tmp_path: Path) -> None:
+    site = environment(tmp_path, {"pkg/lib/libneeds_b.so": "libneeds_b.so"})
+    libraries = cuda_static.shared_objects([str(site)])
+    assert cuda_static.unresolved(libraries, system=set()) == [
+        (str(site / "pkg/lib/libneeds_b.so"), "libneed_b.so.1")
+    ]
+    # The same name among the system's libraries (the loader's folders and cache) resolves.
+    assert cuda_static.unresolved(libraries, system={"libneed_b.so.1"}) == []
+
+
+def test_a_library_elsewhere_in_the_environment_resolves(tmp_path: Path) -> None:
+    # Frameworks load their CUDA libraries first; a later library's need is met by name.
+    site = environment(
+        tmp_path,
+        {"a/libneeds_b.so": "libneeds_b.so", "nvidia/x/lib/libneed_b.so.1": "libneed_b.so.1"},
+    )
+    assert cuda_static.unresolved(cuda_static.shared_objects([str(site)]), system=set()) == []
+
+
+def test_a_broken_library_is_reported_not_fatal(tmp_path: Path) -> None:
+    site = environment(tmp_path, {"pkg/libneeds_b.so": "libneeds_b.so"})
+    broken = site / "pkg" / "libbroken.so"
+    broken.write_bytes((ELF / "libneeds_b.so").read_bytes()[:200])
+    missing = dict(cuda_static.unresolved(cuda_static.shared_objects([str(site)]), system=set()))
+    assert missing[str(broken)].startswith("unreadable: ")
+    assert missing[str(site / "pkg/libneeds_b.so")] == "libneed_b.so.1"
+
+
+def test_the_driver_libraries_are_never_asked_for() -> None:
+    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= set(cuda_static.DRIVER_LIBRARIES)
+
+
+@pytest.mark.parametrize(
+    ("key", "number", "text"),
+    [
+        ("cudnn", 90100, "9.1.0"),
+        ("cudnn", 91900, "9.19.0"),
+        ("cudnn", 8902, "8.9.2"),
+        ("nccl", 22005, "2.20.5"),
+        ("nccl", 2708, "2.7.8"),
+        ("cuda_runtime", 12010, "12.1"),
+        ("cuda_runtime", 13000, "13.0"),
+        ("cublas", 120103, "12.1.3"),
+    ],
+)
+def test_library_versions_read_as_the_libraries_mean_them(key: str, number: int, text: str) -> None:
+    assert cuda_static.version_text(key, number) == text
+
+
+def test_versions_come_from_the_libraries_and_a_crashing_one_is_reported(tmp_path: Path) -> None:
+    site = environment(
+        tmp_path,
+        {
+            "nvidia/cudnn/lib/libcudnn.so.9": "libcudnn.so.9",
+            "nvidia/nccl/lib/libnccl.so.2": "libnccl.so.2",
+        },
+    )
+    found, errors = cuda_static.read_versions(cuda_static.shared_objects([str(site)]))
+    assert found["cudnn"] == [
+        {"path": str(site / "nvidia/cudnn/lib/libcudnn.so.9"), "version": "9.1.0"}
+    ]
+    assert found["nccl"] == []
+    (error,) = errors
+    assert error == "libnccl.so.2: ncclGetVersion failed: killed by SIGABRT"

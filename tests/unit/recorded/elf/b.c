@@ -1,0 +1,1 @@
+int b_value(void) { return 42; }
