@@ -8,6 +8,7 @@ Prints one line per figure and writes everything to $OUT/gpu_probe.json (or ./gp
 
 Sections (each on its own, a failure is recorded and the rest go on):
   payload-torch, payload-jax  the smoke payloads as `envbuild smoke` runs them (JSON report)
+  payload-cuda-static  the static CUDA payload over this python's site-packages
   compile   a torch.compile'd training step on the GPU (inductor + triton): compile time,
             step time against eager, the loss falls
   amp       bf16 matrix product throughput; an autocast training step against float32
@@ -60,10 +61,10 @@ def section(name: str):  # type: ignore[no-untyped-def]
     return wrap
 
 
-def payload(name: str, timeout: float) -> dict[str, Any]:
+def payload(name: str, timeout: float, *args: str) -> dict[str, Any]:
     started = time.perf_counter()
     process = subprocess.run(
-        [sys.executable, str(PAYLOADS / name)],
+        [sys.executable, str(PAYLOADS / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -114,6 +115,11 @@ def payload_torch() -> dict[str, Any]:
 @section("payload-jax")
 def payload_jax() -> dict[str, Any]:
     return payload("jax_smoke.py", 240)
+
+
+@section("payload-cuda-static")
+def payload_cuda_static() -> dict[str, Any]:
+    return payload("cuda_static.py", 300, "torch")
 
 
 def _model(torch, width: int = 1024):  # type: ignore[no-untyped-def]
@@ -375,6 +381,7 @@ def main() -> None:
     environment()
     payload_torch()
     payload_jax()
+    payload_cuda_static()
     static()
     compile_step()
     amp()
