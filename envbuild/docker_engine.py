@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -324,7 +325,7 @@ class DockerEngine:
         timeout: float,
         files: dict[str, bytes] | None = None,
         gpus: bool = False,
-        shm_size: str = "1g",
+        shm_size: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> RunResult:
         """Run `command` in a fresh container, copying `files` in first; the container is always removed."""
@@ -474,6 +475,18 @@ def _short(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
+# The classic builder's word for a failed RUN, which repeats the whole (long) script.
+_RUN_FAILED = re.compile(r"The command '.*' returned a non-zero code: (\d+)", re.DOTALL)
+
+
 def _build_error(message: str, last_lines: list[str]) -> str:
+    """One line for a failed build: envbuild's own explanation from the failed step when it gave
+    one (`envbuild: torch.compile needs g++ ...`), else the engine's message and the last output."""
+    failed = _RUN_FAILED.fullmatch(message)
+    if failed:
+        message = f"a RUN step exited {failed.group(1)}"
+    said = [line.strip() for line in last_lines if line.strip().startswith("envbuild")]
+    if said:
+        return f"{said[-1]} ({message})"
     tail = " | ".join(line.strip() for line in last_lines[-3:])
     return f"{message}" + (f" (last output: {tail})" if tail else "")

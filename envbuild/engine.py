@@ -109,10 +109,11 @@ class Engine(Protocol):
         timeout: float,
         files: dict[str, bytes] | None = None,
         gpus: bool = False,
-        shm_size: str = "1g",
+        shm_size: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> RunResult:
-        """Run `command` in a fresh container with `files` copied in; the container is removed."""
+        """Run `command` in a fresh container with `files` copied in; the container is removed.
+        `shm_size` sizes /dev/shm (None: Docker's default, 64 MB)."""
         ...
 
     def remove_leftovers(self) -> int:

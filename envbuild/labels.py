@@ -20,6 +20,11 @@ LOCK_DIGEST = PREFIX + "lock-digest"
 VERSION = PREFIX + "version"  # the envbuild that built the image
 # The image's content hash; inherited by images built FROM it.
 CONTENT_HASH = PREFIX + "content-hash"
+# The `docker run` options the image needs to train as its smoke test did: the size of
+# /dev/shm, through which torch's DataLoader workers hand batches over (Docker's default is 64 MB).
+RUN_SHM_SIZE = PREFIX + "run.shm-size"
+# What torch images declare: room for two workers' prefetched batches with a margin.
+TORCH_SHM_SIZE = "1g"
 
 # The keys as the templates see them: `{{ label.framework }}`.
 TEMPLATE_KEYS: dict[str, str] = {
@@ -33,4 +38,5 @@ TEMPLATE_KEYS: dict[str, str] = {
     "os": OS,
     "stage": STAGE,
     "lock_digest": LOCK_DIGEST,
+    "run_shm_size": RUN_SHM_SIZE,
 }

@@ -206,6 +206,8 @@ def render_entry(
         "framework_index": framework_index,
         "lock_digest": lock.digest,
         "label": labels.TEMPLATE_KEYS,
+        # torch's DataLoader workers hand batches over through /dev/shm.
+        "run_shm_size": labels.TORCH_SHM_SIZE if entry.framework == "torch" else "",
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)

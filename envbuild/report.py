@@ -58,6 +58,11 @@ def smoke_lines(result: SmokeResult) -> list[str]:
     lines = [f"{'PASS' if result.passed else 'FAIL'} smoke {result.image} ({result.seconds:.1f}s)"]
     for check in result.checks:
         lines.append(f"  {'ok  ' if check.passed else 'FAIL'} {check.name}: {check.detail}")
+    if result.passed:
+        flags = str(result.payload.get("run_with") or "")
+        lines.append(
+            f"  run it as it was tested: docker run {flags + ' ' if flags else ''}{result.image}"
+        )
     return lines
 
 

@@ -7,10 +7,12 @@ import time
 from typing import Any
 
 from envbuild import labels as label_keys
-from envbuild.engine import Engine
+from envbuild.engine import Engine, RunResult
 from envbuild.errors import BadInput, SmokeFailed
 from envbuild.gpu_compat import arch_build
 from envbuild.models import CPU, Combination, Gpu, Knowledge
+from envbuild.payload import smoke_harness as harness
+from envbuild.payload.cuda_static import Targets
 from envbuild.resources import payload_harness_path, payload_path
 from envbuild.results import SmokeCheck, SmokeResult
 
@@ -97,6 +99,8 @@ def check_static(
     errors = static.get("errors") or []
     closure = static.get("closure") or {}
     missing = closure.get("missing") or []
+    elsewhere = closure.get("missing_elsewhere") or []
+    optional = "; ".join(f"{m.get('library')} needs {m.get('needs')}" for m in elsewhere[:3])
     if errors:
         checks.append(
             SmokeCheck(
@@ -113,8 +117,9 @@ def check_static(
             name="cuda_libraries",
             passed=bool(closure.get("ok")) and not missing,
             detail=(
-                f"{closure.get('libraries')} shared objects: every library they need is in the "
-                "image (the driver's own aside)"
+                f"{closure.get('libraries')} shared objects: every library the framework's and "
+                "NVIDIA's need is in the image (the driver's own aside)"
+                + (f"; not locked, for optional extensions: {optional}" if elsewhere else "")
                 if not missing
                 else shown_missing + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
             ),
@@ -165,9 +170,7 @@ def _check_archs(archs: dict[str, Any], labels: dict[str, str], knowledge: Knowl
         return SmokeCheck(name="gpu_archs", passed=bool(sass or ptx), detail=f"{has}; the knowledge base has no list for this build")  # fmt: skip
     if not row.sm:  # only a floor is known: the oldest GPU it names must have a kernel
         floor = int(str(row.min_cc).replace(".", ""))
-        runs = any(a // 10 == floor // 10 and a <= floor for a in sass) or any(
-            a <= floor for a in ptx
-        )
+        runs = Targets(frozenset(sass), frozenset(ptx)).runs_on(floor)
         older = [a for a in sass | ptx if a < floor]
         return SmokeCheck(
             name="gpu_archs",
@@ -187,6 +190,76 @@ def _check_archs(archs: dict[str, Any], labels: dict[str, str], knowledge: Knowl
     if extra and not lacking and not ptx_differs:
         detail += f" (some kernels also for {', '.join(f'sm_{a}' for a in extra)})"
     return SmokeCheck(name="gpu_archs", passed=not lacking and not ptx_differs, detail=detail)
+
+
+def docker_run_flags(labels: dict[str, str], *, gpus: bool) -> str:
+    """The `docker run` options under which the smoke test passed, for users to run it alike."""
+    flags = ["--gpus all"] if gpus else []
+    shm_size = labels.get(label_keys.RUN_SHM_SIZE)
+    if shm_size:
+        flags.append(f"--shm-size={shm_size}")
+    return " ".join(flags)
+
+
+# The payload's own verdicts on what training really does (beyond the train and all-reduce
+# verdicts the host judges itself), and the report part each reads.
+SECTION_CHECKS = {
+    name: part
+    for name, part, _ in harness.TRAINING_CHECKS
+    if (name, part, _) not in harness.STANDARD_CHECKS
+}
+
+
+def _number(value: Any, form: str = ".3g") -> str:
+    return format(value, form) if isinstance(value, int | float) else "?"
+
+
+def _section_detail(name: str, part: dict[str, Any]) -> str:
+    """One line of what a training section did, from its part of the report."""
+    if part.get("skipped"):
+        return f"skipped: {part['skipped']}"
+    loss = f"loss {_number(part.get('loss_first'))} -> {_number(part.get('loss_last'))}"
+    if name == "compile":
+        backend = part.get("compiler") or part.get("backend") or "compiled"
+        return (
+            f"{backend} step, compiled in {_number(part.get('compile_seconds'), '.1f')} s: {loss}"
+        )
+    if name == "loader":
+        workers = f" from {part['workers']} workers" if part.get("workers") else ""
+        return f"{part.get('batches')} batches{workers} at {_number(part.get('batches_per_s'), '.0f')}/s: {loss}"
+    if name == "checkpoint":
+        return (
+            f"resumed at loss {_number(part.get('loss_after_resume'), '.5g')} "
+            f"(uninterrupted {_number(part.get('loss_uninterrupted'), '.5g')})"
+        )
+    if name == "numpy":
+        return f"numpy {part.get('version')} round trip"
+    if name == "packages":
+        return (
+            f"{part.get('imported')} modules of {part.get('distributions')} locked "
+            "distributions import"
+        )
+    return "passed"
+
+
+def _section_checks(payload: dict[str, Any], errors: list[Any]) -> list[SmokeCheck]:
+    found = payload.get("checks")
+    verdicts: dict[str, Any] = found if isinstance(found, dict) else {}
+    checks = []
+    for name, part_name in SECTION_CHECKS.items():
+        if name not in verdicts:
+            continue  # an older payload's report, or a framework without the section
+        passed = bool(verdicts[name])
+        value = payload.get(part_name)
+        part: dict[str, Any] = value if isinstance(value, dict) else {}
+        said = [str(e) for e in errors if str(e).startswith(f"{part_name}: ")]
+        detail = (
+            said[0][len(part_name) + 2 :]
+            if said and not passed
+            else _section_detail(part_name, part)
+        )
+        checks.append(SmokeCheck(name=name, passed=passed, detail=detail[:500]))
+    return checks
 
 
 def check_report(
@@ -229,6 +302,7 @@ def check_report(
             ),
         )
     )
+    checks += _section_checks(payload, errors)
     framework = labels.get(label_keys.FRAMEWORK, "framework")
     comparisons = (
         ("python_version", label_keys.PYTHON, "python", _major_minor, "Python"),
@@ -293,30 +367,23 @@ def smoke_image(
     start = time.monotonic()
     # GNU timeout inside the container stops a hung payload even if the host side is interrupted.
     command = ["timeout", "-k", "10", str(int(timeout)), "python3", target]
+    # The run options the image declares (its labels), as a user's `docker run` would pass them.
+    shm_size = image.labels.get(label_keys.RUN_SHM_SIZE) or None
     result = engine.run(
         ref,
         command,
         timeout=timeout + 30,
         files=files,
         gpus=use_gpus,
+        shm_size=shm_size,
     )
     payload = _parse(result.stdout)
     if payload is None:
-        why = (
-            "timed out"
-            if result.timed_out or result.exit_code == 124
-            else f"exited {result.exit_code}"
-        )
-        checks = [
-            SmokeCheck(
-                name="payload",
-                passed=False,
-                detail=f"the payload {why} without a JSON report; stderr: {result.stderr.strip()[-400:]}",
-            )
-        ]
+        checks = [_no_report("payload", "the payload", result)]
         payload = {}
     else:
         checks = check_report(payload, image.labels, gpus=use_gpus)
+    payload["run_with"] = docker_run_flags(image.labels, gpus=use_gpus)
     cuda = image.labels.get(label_keys.CUDA)
     if cuda and cuda != CPU:
         # CUDA proven without a GPU: its own container, no GPU asked for.
@@ -345,14 +412,16 @@ def _static_smoke(
     result = engine.run(ref, command, timeout=timeout + 30, files=files, gpus=False)
     static = _parse(result.stdout)
     if static is None:
-        why = (
-            "timed out"
-            if result.timed_out or result.exit_code == 124
-            else f"exited {result.exit_code}"
-        )
-        detail = f"the static CUDA payload {why} without a JSON report; stderr: {result.stderr.strip()[-400:]}"
-        return {}, [SmokeCheck(name="cuda_static", passed=False, detail=detail)]
+        return {}, [_no_report("cuda_static", "the static CUDA payload", result)]
     return static, check_static(static, labels, load_knowledge())
+
+
+def _no_report(name: str, what: str, result: RunResult) -> SmokeCheck:
+    """The failed check of a payload that ended without its JSON report."""
+    timed_out = result.timed_out or result.exit_code == 124
+    why = "timed out" if timed_out else f"exited {result.exit_code}"
+    detail = f"{what} {why} without a JSON report; stderr: {result.stderr.strip()[-400:]}"
+    return SmokeCheck(name=name, passed=False, detail=detail)
 
 
 def fleet_refusal(
@@ -372,10 +441,11 @@ def fleet_refusal(
         )
     sass = {int(a) for a in archs.get("sass") or []}
     ptx = {int(a) for a in archs.get("ptx") or []}
+    targets = Targets(frozenset(sass), frozenset(ptx))
     lacking = []
     for gpu in fleet:
         cc = int(gpu.cc.replace(".", ""))
-        if not any(a // 10 == cc // 10 and a <= cc for a in sass) and not any(a <= cc for a in ptx):
+        if not targets.runs_on(cc):
             name = f"sm_{cc}" if gpu.name == f"sm_{cc}" else f"sm_{cc} ({gpu.name})"
             lacking.append(name)
     if not lacking:

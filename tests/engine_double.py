@@ -50,6 +50,7 @@ class Run:
     command: list[str]
     files: tuple[str, ...]
     gpus: bool
+    shm_size: str | None = None
 
 
 def _normalize(ref: str) -> str:
@@ -205,7 +206,7 @@ class InMemoryEngine:
         timeout: float,
         files: dict[str, bytes] | None = None,
         gpus: bool = False,
-        shm_size: str = "1g",
+        shm_size: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> RunResult:
         found = self.image(image)
@@ -214,7 +215,13 @@ class InMemoryEngine:
             raise EnvbuildError(msg)
         with self._lock:
             self.runs.append(
-                Run(image_id=found.id, command=list(command), files=tuple(files or ()), gpus=gpus)
+                Run(
+                    image_id=found.id,
+                    command=list(command),
+                    files=tuple(files or ()),
+                    gpus=gpus,
+                    shm_size=shm_size,
+                )
             )
         for key in (found.id, *found.tags):
             if key in self.outputs:

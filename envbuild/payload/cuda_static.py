@@ -350,16 +350,37 @@ FRAMEWORK_FOLDERS = {
 }  # fmt: skip
 
 
+def split_missing(
+    missing: list[tuple[str, str]], roots: list[str], framework: str
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The unresolved needs of the framework's own libraries and NVIDIA's wheels, which must be
+    whole, and those of other packages' optional extensions (numba's TBB layer, cupy's cuTENSOR
+    binding), which are reported but do not fail the image; paths relative to site-packages."""
+    ours = ("nvidia", *FRAMEWORK_FOLDERS.get(framework, (framework,)))
+    must: list[dict[str, str]] = []
+    elsewhere: list[dict[str, str]] = []
+    for path, name in missing:
+        relative = os.path.relpath(path, roots[0]) if roots else path
+        (must if top_folder(path, roots) in ours else elsewhere).append(
+            {"library": relative, "needs": name}
+        )
+    return must, elsewhere
+
+
+def top_folder(path: str, roots: list[str]) -> str:
+    """The top folder of `path` under the site-packages folder that holds it ("torch")."""
+    for root in roots:
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root).split(os.sep)[0]
+    return ""
+
+
 def framework_library(framework: str, libraries: list[str], roots: list[str]) -> str | None:
     """The framework's library with the most GPU code (torch: libtorch_cuda.so)."""
     folders = FRAMEWORK_FOLDERS.get(framework, (framework,))
     best, best_size = None, 0
     for path in libraries:
-        top = next(
-            (os.path.relpath(path, root).split(os.sep)[0] for root in roots if path.startswith(root + os.sep)),
-            "",
-        )  # fmt: skip
-        if top not in folders:
+        if top_folder(path, roots) not in folders:
             continue
         with open(path, "rb") as handle:
             if os.fstat(handle.fileno()).st_size == 0:
@@ -383,11 +404,8 @@ def payload_body(run, framework: str) -> None:  # type: ignore[no-untyped-def]
         part = doc["closure"]
         part["roots"] = roots
         part["libraries"] = len(found)
-        part["missing"] = [
-            {"library": os.path.relpath(path, roots[0]) if roots else path, "needs": name}
-            for path, name in missing
-        ]
-        part["ok"] = bool(found) and not missing
+        part["missing"], part["missing_elsewhere"] = split_missing(missing, roots, framework)
+        part["ok"] = bool(found) and not part["missing"]
         part["seconds"] = round(time.perf_counter() - started, 3)
 
     def versions(doc: dict) -> None:  # type: ignore[type-arg]

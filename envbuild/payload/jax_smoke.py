@@ -40,6 +40,12 @@ PAYLOAD = "jax"
 
 LEARNING_RATE = 0.02
 MOMENTUM = 0.9
+COMPILE_STEPS = 10
+CHECKPOINT_STEPS = 10
+LOADER_BATCHES = 16
+LOADER_BATCH = 64
+LOADER_FEATURES = 1024
+
 HOST_DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -195,12 +201,32 @@ def run_train(jax, train, lr=None):
     y = 2.0 * jnp.tanh(x @ w_true) + 0.05 * jax.random.normal(kn, (n, 1), jnp.float32)
     x, y = jax.device_put(x, device), jax.device_put(y, device)
 
-    # Same init as torch.nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    params = jax.device_put(_mlp_params(jax, [d_in, d_hidden, d_hidden, 1], kp), device)
+    velocity = jax.tree_util.tree_map(jnp.zeros_like, params)
+    step = _sgd_step(jax, compute_dtype)
+
+    lr_arr = jnp.asarray(lr, jnp.float32)
+    losses = []
+    train["losses"] = losses
+    t0 = time.perf_counter()
+    for _ in range(train["steps"]):
+        params, velocity, loss = step(params, velocity, x, y, lr_arr)
+        losses.append(float(loss))
+    jax.block_until_ready(params)
+    train["seconds"] = time.perf_counter() - t0
+
+    harness.judge_losses(train, losses)
+
+
+def _mlp_params(jax, sizes, key):
+    """An MLP's parameters as a pytree; the same init as torch.nn.Linear:
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    import jax.numpy as jnp
+
     params = []
-    sizes = [d_in, d_hidden, d_hidden, 1]
     for i in range(len(sizes) - 1):
         fan_in, fan_out = sizes[i], sizes[i + 1]
-        kp, k1, k2 = jax.random.split(kp, 3)
+        key, k1, k2 = jax.random.split(key, 3)
         bound = 1.0 / math.sqrt(fan_in)
         params.append(
             {
@@ -208,8 +234,13 @@ def run_train(jax, train, lr=None):
                 "b": jax.random.uniform(k2, (fan_out,), jnp.float32, -bound, bound),
             }
         )
-    params = jax.device_put(params, device)
-    velocity = jax.tree_util.tree_map(jnp.zeros_like, params)
+    return params
+
+
+def _sgd_step(jax, compute_dtype):
+    """The jitted SGD-with-momentum step of an MSE regression: (params, velocity, x, y, lr) ->
+    (params, velocity, loss)."""
+    import jax.numpy as jnp
 
     def loss_fn(params, x, y):
         h = x.astype(compute_dtype)
@@ -226,17 +257,151 @@ def run_train(jax, train, lr=None):
         params = jax.tree_util.tree_map(lambda p, v: p - lr * v, params, velocity)
         return params, velocity, loss
 
-    lr_arr = jnp.asarray(lr, jnp.float32)
-    losses = []
-    train["losses"] = losses
-    t0 = time.perf_counter()
-    for _ in range(train["steps"]):
-        params, velocity, loss = step(params, velocity, x, y, lr_arr)
-        losses.append(float(loss))
-    jax.block_until_ready(params)
-    train["seconds"] = time.perf_counter() - t0
+    return step
 
-    harness.judge_losses(train, losses)
+
+# --------------------------------------------------------------------------
+# what training really does: a compiled step, a numpy data iterator, a checkpoint, numpy
+
+
+def _regression(jax, n, d_in, seed):
+    import jax.numpy as jnp
+
+    kx, kw, kn = jax.random.split(jax.random.PRNGKey(seed), 3)
+    x = jax.random.normal(kx, (n, d_in), jnp.float32)
+    w_true = jax.random.normal(kw, (d_in, 1), jnp.float32) / math.sqrt(d_in)
+    y = 2.0 * jnp.tanh(x @ w_true) + 0.05 * jax.random.normal(kn, (n, 1), jnp.float32)
+    return x, y
+
+
+def run_compile(jax, part, steps=COMPILE_STEPS):
+    """Fill ``part``: the training step compiled ahead of time by XLA (``jit(...).lower().compile()``),
+    then run; its loss falls."""
+    import jax.numpy as jnp
+
+    x, y = _regression(jax, 512, 32, seed=11)
+    params = _mlp_params(jax, [32, 64, 1], jax.random.PRNGKey(0))
+    velocity = jax.tree_util.tree_map(jnp.zeros_like, params)
+    lr = jnp.asarray(LEARNING_RATE, jnp.float32)
+    part["device"] = "gpu" if gpu_backend(jax) else "cpu"
+    part["backend"] = "xla"
+    t0 = time.perf_counter()
+    compiled = _sgd_step(jax, jnp.float32).lower(params, velocity, x, y, lr).compile()
+    part["compile_seconds"] = time.perf_counter() - t0
+    losses = []
+    t1 = time.perf_counter()
+    for _ in range(steps):
+        params, velocity, loss = compiled(params, velocity, x, y, lr)
+        losses.append(float(loss))
+    part["step_ms"] = (time.perf_counter() - t1) * 1000.0 / steps
+    harness.judge_losses(part, losses)
+
+
+def run_loader(jax, part):
+    """Fill ``part``: batches made by a numpy iterator are put on the device and consumed by the
+    jitted step, the way a JAX input pipeline feeds training."""
+    import jax.numpy as jnp
+    import numpy
+
+    features, batch, batches = LOADER_FEATURES, LOADER_BATCH, LOADER_BATCHES
+    rng = numpy.random.default_rng(7)
+
+    def batches_of_numpy():
+        for _ in range(batches):
+            x = rng.standard_normal((batch, features), dtype=numpy.float32)
+            y = numpy.tanh(x[:, :8].sum(axis=1, keepdims=True)).astype(numpy.float32)
+            yield x, y
+
+    device = jax.devices()[0]
+    params = jax.device_put(_mlp_params(jax, [features, 32, 1], jax.random.PRNGKey(0)), device)
+    velocity = jax.tree_util.tree_map(jnp.zeros_like, params)
+    step = _sgd_step(jax, jnp.float32)
+    lr = jnp.asarray(0.05, jnp.float32)
+    part.update(batch_bytes=batch * features * 4, batches=0)
+    losses = []
+    t0 = time.perf_counter()
+    for x, y in batches_of_numpy():
+        x, y = jax.device_put(x, device), jax.device_put(y, device)
+        params, velocity, loss = step(params, velocity, x, y, lr)
+        losses.append(float(loss))
+        part["batches"] += 1
+    seconds = time.perf_counter() - t0
+    part["batches_per_s"] = part["batches"] / seconds if seconds > 0 else None
+    window = max(1, len(losses) // 4)
+    harness.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
+
+
+def run_checkpoint(jax, part, steps=CHECKPOINT_STEPS):
+    """Fill ``part``: train, save parameters and optimizer state (numpy .npz), load them into a
+    fresh pytree, train on: the resumed run matches the uninterrupted one."""
+    import shutil
+    import tempfile
+
+    import jax.numpy as jnp
+    import numpy
+
+    x, y = _regression(jax, 256, 16, seed=21)
+    step = _sgd_step(jax, jnp.float32)
+    lr = jnp.asarray(LEARNING_RATE, jnp.float32)
+
+    def train(state, n):
+        params, velocity = state
+        losses = []
+        for _ in range(n):
+            params, velocity, loss = step(params, velocity, x, y, lr)
+            losses.append(float(loss))
+        return (params, velocity), losses
+
+    params = _mlp_params(jax, [16, 32, 1], jax.random.PRNGKey(0))
+    state = (params, jax.tree_util.tree_map(jnp.zeros_like, params))
+    state, before = train(state, steps)
+    leaves, tree = jax.tree_util.tree_flatten(state)
+    folder = tempfile.mkdtemp(prefix="envbuild-ckpt-")
+    try:
+        path = os.path.join(folder, "state.npz")
+        numpy.savez(path, *[numpy.asarray(leaf) for leaf in leaves])
+        part["bytes"] = os.path.getsize(path)
+        _, uninterrupted = train(state, steps)
+        with numpy.load(path) as saved:
+            loaded = [jnp.asarray(saved[f"arr_{i}"]) for i in range(len(leaves))]
+        _, resumed = train(jax.tree_util.tree_unflatten(tree, loaded), steps)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    part["loss_before_save"] = before[-1]
+    part["loss_after_resume"] = resumed[0]
+    part["loss_uninterrupted"] = uninterrupted[0]
+    part["continued"] = abs(resumed[0] - uninterrupted[0]) <= 1e-4 * max(1.0, abs(uninterrupted[0]))
+    part["loss_fell"] = resumed[-1] < before[0]
+    if not part["continued"]:
+        raise RuntimeError(
+            f"the restored state does not go on where it was saved: first loss after loading "
+            f"{resumed[0]!r}, uninterrupted {uninterrupted[0]!r}"
+        )
+    if not part["loss_fell"]:
+        raise RuntimeError(
+            f"loss did not fall across the checkpoint: {before[0]!r} -> {resumed[-1]!r}"
+        )
+
+
+def run_numpy(jax, part):
+    """Fill ``part``: numpy arrays to device arrays and back."""
+    import jax.numpy as jnp
+    import numpy
+
+    part["version"] = str(numpy.__version__)
+    array = numpy.arange(12, dtype=numpy.float32).reshape(3, 4)
+    device_array = jnp.asarray(array)
+    back = numpy.asarray(device_array * 2)
+    checks = {
+        "round_trip": bool(numpy.array_equal(numpy.asarray(device_array), array)),
+        "dtype": device_array.dtype == jnp.float32 and back.dtype == numpy.float32,
+        "values": bool(numpy.array_equal(back, array * 2)),
+    }
+    part.update(checks)
+    part["ok"] = all(checks.values())
+    if not part["ok"]:
+        bad = ", ".join(name for name, good in checks.items() if not good)
+        raise RuntimeError(f"numpy interop is broken: {bad}")
 
 
 # --------------------------------------------------------------------------
@@ -367,6 +532,13 @@ def smoke(run):
     run.section("versions", 120, lambda doc: collect_versions(jax, doc["versions"], doc["errors"]))
     run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(jax)))
     run.section("train", 180, lambda doc: run_train(jax, doc["train"]))
+    run.section("compile", 180, harness.timed("compile", lambda part: run_compile(jax, part)))
+    run.section("loader", 120, harness.timed("loader", lambda part: run_loader(jax, part)))
+    run.section(
+        "checkpoint", 120, harness.timed("checkpoint", lambda part: run_checkpoint(jax, part))
+    )
+    run.section("numpy", 30, harness.timed("numpy", lambda part: run_numpy(jax, part)))
+    harness.packages_section(run)
     run.section(
         "allreduce",
         240,
@@ -375,7 +547,7 @@ def smoke(run):
 
 
 def parts():
-    parts = harness.standard_parts()
+    parts = harness.training_parts()
     parts["versions"]["jaxlib"] = None
     return parts
 
@@ -385,6 +557,7 @@ if __name__ == "__main__":
         PAYLOAD,
         smoke,
         parts=parts(),
+        checks=harness.TRAINING_CHECKS,
         # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
         # expect them from a GPU-less run.
         extra={"cuda_needs_gpu": True},

@@ -37,12 +37,14 @@ otherwise.  A payload is::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
 import math
 import os
 import platform
+import re
 import sys
 import threading
 import time
@@ -312,6 +314,335 @@ def finish_allreduce(
         versions["nccl"] = loaded_nccl_version()
     (correct1, got1), (correct2, got2) = first, last
     record_allreduce(ar, errors, correct=correct1 and correct2, got=got2 if correct1 else got1)
+
+
+# --------------------------------------------------------------------------
+# the environment's packages: every top-level module of every locked distribution imports
+
+# Where envbuild's images keep the lock they were installed from.
+LOCK_PATH = "/opt/venv/envbuild.lock"
+# One module's import running longer than this is taken for a hang: the child is killed.
+IMPORT_HANG_S = 60.0
+
+# `name==version \` (an optional `[extras]`; a marker after `;`); --hash and comment lines follow.
+_PIN = re.compile(
+    r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)"
+)
+_CODE_SUFFIXES = (".py", ".so", ".pyd")
+
+# Runs in a child interpreter: imports each module named in argv[1] (a JSON list) and writes one
+# JSON line before ({"start": m}) and after ({"module": m, ...}) each import on its own copy of
+# stdout, so that the parent can tell which import crashed or hung the interpreter.
+_IMPORT_CHILD = r"""
+import importlib, json, os, sys
+out = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+for name in json.loads(sys.argv[1]):
+    out.write(json.dumps({"start": name}) + "\n")
+    out.flush()
+    try:
+        importlib.import_module(name)
+        result = {"module": name, "error": None}
+    except BaseException as exc:
+        text = " ".join(str(exc).split())
+        text = text[:297] + "..." if len(text) > 300 else text
+        result = {"module": name, "error": type(exc).__name__ + (": " + text if text else "")}
+    out.write(json.dumps(result) + "\n")
+    out.flush()
+"""
+
+
+def lock_pins(text: str) -> list[tuple[str, str]]:
+    """(name, version) of each requirement of a lock: `name==version \\` lines; the `--hash`
+    continuation lines, comments and uv's `# via` annotations are skipped."""
+    pins = []
+    for line in text.splitlines():
+        if not line or line[0].isspace() or line.startswith("#"):
+            continue
+        found = _PIN.match(line)
+        if found:
+            pins.append((found.group(1), found.group(2)))
+    return pins
+
+
+def find_distribution(name: str, path: list[str] | None = None) -> Any:
+    """The installed distribution called ``name`` (any spelling: `-`, `_`, `.`, case), else None."""
+    import importlib.metadata
+
+    spellings = (name, name.replace("-", "_"), name.replace("_", "-"))
+    where: dict[str, Any] = {} if path is None else {"path": path}
+    for candidate in dict.fromkeys(s for n in spellings for s in (n, n.lower())):
+        for dist in importlib.metadata.distributions(name=candidate, **where):
+            return dist
+    return None
+
+
+def record_roots(dist: Any) -> set[str] | None:
+    """Top-level modules and packages a distribution installed, from its RECORD (None without one).
+
+    A root is a top-level `x.py` or extension module, or a folder holding code; dist-info/data
+    folders, `__pycache__`, `.pth` files and scripts (`../../bin/...`) are not modules.
+    """
+    files = dist.files
+    if files is None:
+        return None
+    roots = set()
+    for file in files:
+        parts = getattr(file, "parts", None) or tuple(str(file).split("/"))
+        first = parts[0] if parts else ""
+        if not first or first.startswith("..") or first == "__pycache__":
+            continue
+        if first.endswith((".dist-info", ".data", ".egg-info")):
+            continue
+        if len(parts) == 1:
+            if first.endswith(".py"):
+                name = first[: -len(".py")]
+            elif first.endswith((".so", ".pyd")):
+                name = first.split(".")[0]
+            else:  # .pth files and other data
+                continue
+        elif parts[-1].endswith(_CODE_SUFFIXES):
+            name = first
+        else:
+            continue
+        if name.isidentifier():
+            roots.add(name)
+    return roots
+
+
+def top_level_modules(dist: Any) -> list[str]:
+    """The modules a distribution provides: its top_level.txt (names it really installed, when its
+    RECORD says), else its RECORD's roots; private `_x` names only when there is nothing else."""
+    roots = record_roots(dist)
+    names: list[str] = []
+    text = dist.read_text("top_level.txt")
+    if text:
+        for line in text.splitlines():
+            name = line.strip().replace("/", ".").split(".")[0]
+            if name.isidentifier() and (roots is None or name in roots):
+                names.append(name)
+    if not names and roots:
+        names = list(roots)
+    unique = sorted(set(names))
+    public = [name for name in unique if not name.startswith("_")]
+    return public or unique
+
+
+def import_modules(
+    modules: list[str],
+    *,
+    deadline_s: float,
+    hang_s: float = IMPORT_HANG_S,
+    python: str | None = None,
+    path: list[str] | None = None,
+) -> dict[str, str | None]:
+    """Import each module in a child interpreter: module -> None if it imported, else why not.
+
+    One child imports them all, in order; when one crashes the interpreter (os._exit, a signal)
+    or hangs past ``hang_s``, it is recorded and a new child goes on with the rest, so that no
+    module can take the payload down. Whatever is left at ``deadline_s`` is recorded as not tried.
+    ``path``: folders searched before the interpreter's own (PYTHONPATH).
+    """
+    import queue
+    import signal
+    import subprocess
+
+    results: dict[str, str | None] = {}
+    pending = list(dict.fromkeys(modules))
+    end = time.monotonic() + deadline_s
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join([*path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    while pending:
+        if time.monotonic() >= end:
+            break
+        proc = subprocess.Popen(
+            [python or sys.executable, "-c", _IMPORT_CHILD, json.dumps(pending)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # so that what an import started is killed with it
+        )
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def read(stream: Any = proc.stdout, lines: queue.Queue[bytes | None] = lines) -> None:
+            for line in iter(stream.readline, b""):
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, name="import-child", daemon=True).start()
+        current: str | None = None
+        since = time.monotonic()
+        progressed = False
+        while True:
+            hang_at = since + hang_s
+            try:
+                line = lines.get(timeout=max(0.0, min(end, hang_at) - time.monotonic()))
+            except queue.Empty:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+                if current is not None and time.monotonic() >= hang_at:
+                    results[current] = f"no result within {_seconds(hang_s)} s (hung?), killed"
+                    pending.remove(current)
+                    progressed = True
+                break
+            if line is None:  # the child ended
+                code = proc.wait(10)
+                if current is not None:
+                    results[current] = f"the interpreter died importing it (exit code {code})"
+                    pending.remove(current)
+                    progressed = True
+                elif pending:  # ended before it started the next one: it will not do better
+                    for name in pending:
+                        results[name] = f"the import child exited {code} before trying it"
+                    pending.clear()
+                break
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(message, dict):
+                continue
+            if "start" in message:
+                current, since = str(message["start"]), time.monotonic()
+            elif message.get("module") in pending:
+                name = str(message["module"])
+                error = message.get("error")
+                results[name] = None if error is None else str(error)
+                pending.remove(name)
+                current, progressed = None, True
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if not progressed:
+            break
+    for name in pending:
+        results.setdefault(name, f"not tried: no time left ({_seconds(deadline_s)} s for all)")
+    return results
+
+
+def packages_part() -> dict[str, Any]:
+    """The `packages` part of the report before anything ran."""
+    return {
+        "lock": LOCK_PATH,
+        "skipped": None,
+        "distributions": 0,
+        "modules": 0,
+        "imported": 0,
+        "failures": [],
+        "without_modules": [],
+        "ok": False,
+        "seconds": None,
+    }
+
+
+def check_packages(
+    part: dict[str, Any],
+    *,
+    deadline_s: float,
+    lock_path: str = LOCK_PATH,
+    path: list[str] | None = None,
+) -> None:
+    """Fill ``part``: every top-level module of every distribution in the lock imports (in a
+    child interpreter); raise naming each failure as ``dist: module: Type: text``."""
+    t0 = time.perf_counter()
+    part["lock"] = lock_path
+    try:
+        with open(lock_path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        part["skipped"] = f"no lock at {lock_path} (not an envbuild image)"
+        part["ok"] = True
+        part["seconds"] = time.perf_counter() - t0
+        return
+    failures: list[str] = []
+    owners: dict[str, list[str]] = {}
+    pins = lock_pins(text)
+    for name, _version in pins:
+        try:
+            dist = find_distribution(name, path)
+            modules = [] if dist is None else top_level_modules(dist)
+        except Exception as exc:  # a damaged RECORD or top_level.txt
+            failures.append(f"{name}: its installed metadata cannot be read: {describe_exc(exc)}")
+            continue
+        if dist is None:
+            failures.append(f"{name}: not installed (the lock pins it)")
+            continue
+        if not modules:
+            part["without_modules"].append(name)
+        for module in modules:
+            owners.setdefault(module, []).append(name)
+    part["distributions"] = len(pins)
+    part["modules"] = len(owners)
+    left = max(1.0, deadline_s - (time.perf_counter() - t0))
+    results = import_modules(list(owners), deadline_s=left, path=path)
+    part["imported"] = sum(1 for error in results.values() if error is None)
+    for module, error in results.items():
+        if error is not None:
+            failures.extend(f"{dist}: {module}: {error}" for dist in owners[module])
+    part["failures"] = failures
+    part["ok"] = not failures
+    part["seconds"] = time.perf_counter() - t0
+    if failures:
+        raise RuntimeError(f"{len(failures)} failed: " + "; ".join(failures))
+
+
+# --------------------------------------------------------------------------
+# what training really does: the sections every framework's payload runs alike
+
+# The verdicts of the training sections, beside the standard ones (envbuild/smoke.py reads the
+# same names): a compiled step, an input pipeline, a checkpoint, numpy, the lock's packages.
+TRAINING_CHECKS = (
+    *STANDARD_CHECKS,
+    ("compiled_step", "compile", "loss_fell"),
+    ("data_loader", "loader", "loss_fell"),
+    ("checkpoint_resumed", "checkpoint", "continued"),
+    ("numpy_interop", "numpy", "ok"),
+    ("packages_import", "packages", "ok"),
+)
+PACKAGES_TIMEOUT_S = 180.0
+
+
+def training_parts() -> dict[str, Any]:
+    """The standard parts and the training sections' before anything ran; a payload adds the
+    fields of its own (``parts["loader"]["workers"] = 2``)."""
+    parts = standard_parts()
+    losses = {"losses": [], "loss_first": None, "loss_last": None, "loss_fell": False}
+    parts["compile"] = {
+        "device": None, "backend": None, **losses, "compile_seconds": None, "step_ms": None,
+        "seconds": None,
+    }  # fmt: skip
+    parts["loader"] = {"batches": 0, "batch_bytes": None, "batches_per_s": None, **losses, "seconds": None}  # fmt: skip
+    parts["checkpoint"] = {
+        "bytes": None, "loss_before_save": None, "loss_after_resume": None,
+        "loss_uninterrupted": None, "continued": False, "loss_fell": False, "seconds": None,
+    }  # fmt: skip
+    parts["numpy"] = {"skipped": None, "version": None, "ok": False, "seconds": None}
+    parts["packages"] = packages_part()
+    return parts
+
+
+def timed(part_name: str, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], None]:
+    """A section body that fills ``doc[part_name]`` with ``fn`` and records its seconds."""
+
+    def body(doc: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn(doc[part_name])
+        finally:
+            doc[part_name]["seconds"] = time.perf_counter() - t0
+
+    return body
+
+
+def packages_section(run: Run) -> None:
+    """The packages section: every top-level module of every locked distribution imports."""
+    run.section(
+        "packages",
+        PACKAGES_TIMEOUT_S,
+        lambda doc: check_packages(doc["packages"], deadline_s=run.time_left() - 5.0),
+    )
 
 
 # --------------------------------------------------------------------------

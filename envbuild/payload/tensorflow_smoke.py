@@ -40,6 +40,11 @@ PAYLOAD = "tensorflow"
 
 LEARNING_RATE = 0.02
 MOMENTUM = 0.9
+COMPILE_STEPS = 10
+CHECKPOINT_STEPS = 10
+LOADER_BATCHES = 16
+LOADER_BATCH = 64
+LOADER_FEATURES = 1024
 
 
 # --------------------------------------------------------------------------
@@ -178,6 +183,155 @@ def run_train(tf, train, lr=None):
 
 
 # --------------------------------------------------------------------------
+# what training really does: an XLA-compiled step, a tf.data pipeline, a checkpoint, numpy
+
+
+def _regression(tf, n, d_in, seed):
+    """A fixed synthetic regression batch (x, y), made on the CPU."""
+    with tf.device("/cpu:0"):
+        x = tf.random.normal((n, d_in), seed=seed)
+        w_true = tf.random.normal((d_in, 1), seed=seed + 1) / math.sqrt(d_in)
+        y = 2.0 * tf.tanh(tf.matmul(x, w_true)) + 0.05 * tf.random.normal((n, 1), seed=seed + 2)
+    return x, y
+
+
+def _mlp(tf, d_in, d_hidden):
+    keras = tf.keras
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input(shape=(d_in,)),
+            keras.layers.Dense(d_hidden, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def run_compile(tf, part, steps=COMPILE_STEPS):
+    """Fill ``part``: a ``jit_compile=True`` (XLA) training step; its loss falls."""
+    keras = tf.keras
+    x, y = _regression(tf, 512, 32, seed=11)
+    model = _mlp(tf, 32, 64)
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM),
+        loss="mse",
+        jit_compile=True,
+    )
+    part["device"] = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    part["backend"] = "xla"
+    t0 = time.perf_counter()
+    losses = [float(model.train_on_batch(x, y))]  # the first call compiles
+    part["compile_seconds"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for _ in range(steps - 1):
+        losses.append(float(model.train_on_batch(x, y)))
+    part["step_ms"] = (time.perf_counter() - t1) * 1000.0 / max(1, steps - 1)
+    harness.judge_losses(part, losses)
+
+
+def run_loader(tf, part):
+    """Fill ``part``: a tf.data pipeline (parallel map, prefetch) feeds the training step."""
+    features, batch, batches = LOADER_FEATURES, LOADER_BATCH, LOADER_BATCHES
+
+    def sample(index):
+        x = tf.random.stateless_normal((features,), seed=tf.stack([index, 7]))
+        y = tf.reshape(tf.tanh(tf.reduce_sum(x[:8])), (1,))
+        return x, y
+
+    data = (
+        tf.data.Dataset.range(batch * batches)
+        .map(sample, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        .batch(batch)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    model = _mlp(tf, features, 32)
+    model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9), loss="mse")
+    part.update(batch_bytes=batch * features * 4, batches=0)
+    losses = []
+    t0 = time.perf_counter()
+    for x, y in data:
+        losses.append(float(model.train_on_batch(x, y)))
+        part["batches"] += 1
+    seconds = time.perf_counter() - t0
+    part["batches_per_s"] = part["batches"] / seconds if seconds > 0 else None
+    # The batches differ: compare the first and the last quarter's average loss.
+    window = max(1, len(losses) // 4)
+    harness.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
+
+
+def run_checkpoint(tf, part, steps=CHECKPOINT_STEPS):
+    """Fill ``part``: train, save model and optimizer (tf.train.Checkpoint), restore them into a
+    fresh model and optimizer, and train on: the resumed run matches the uninterrupted one."""
+    import shutil
+    import tempfile
+
+    x, y = _regression(tf, 256, 16, seed=21)
+
+    def fresh():
+        model = _mlp(tf, 16, 32)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=MOMENTUM)
+        model.compile(optimizer=optimizer, loss="mse")
+        model.optimizer.build(model.trainable_variables)  # its momentum slots exist to save
+        return model
+
+    def train(model, n):
+        return [float(model.train_on_batch(x, y)) for _ in range(n)]
+
+    model = fresh()
+    before = train(model, steps)
+    folder = tempfile.mkdtemp(prefix="envbuild-ckpt-")
+    try:
+        path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+            os.path.join(folder, "state")
+        )
+        part["bytes"] = sum(
+            os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+        )
+        uninterrupted = train(model, steps)
+        resumed_model = fresh()
+        tf.train.Checkpoint(model=resumed_model, optimizer=resumed_model.optimizer).read(
+            path
+        ).assert_existing_objects_matched()
+        resumed = train(resumed_model, steps)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    part["loss_before_save"] = before[-1]
+    part["loss_after_resume"] = resumed[0]
+    part["loss_uninterrupted"] = uninterrupted[0]
+    part["continued"] = abs(resumed[0] - uninterrupted[0]) <= 1e-3 * max(1.0, abs(uninterrupted[0]))
+    part["loss_fell"] = resumed[-1] < before[0]
+    if not part["continued"]:
+        raise RuntimeError(
+            f"the restored model does not go on where it was saved: first loss after restore "
+            f"{resumed[0]!r}, uninterrupted {uninterrupted[0]!r}"
+        )
+    if not part["loss_fell"]:
+        raise RuntimeError(
+            f"loss did not fall across the checkpoint: {before[0]!r} -> {resumed[-1]!r}"
+        )
+
+
+def run_numpy(tf, part):
+    """Fill ``part``: tensors to numpy arrays and back."""
+    import numpy
+
+    part["version"] = str(numpy.__version__)
+    array = numpy.arange(12, dtype=numpy.float32).reshape(3, 4)
+    tensor = tf.convert_to_tensor(array)
+    back = (tensor * 2).numpy()
+    checks = {
+        "round_trip": bool(numpy.array_equal(tensor.numpy(), array)),
+        "dtype": tensor.dtype == tf.float32 and back.dtype == numpy.float32,
+        "values": bool(numpy.array_equal(back, array * 2)),
+    }
+    part.update(checks)
+    part["ok"] = all(checks.values())
+    if not part["ok"]:
+        bad = ", ".join(name for name, good in checks.items() if not good)
+        raise RuntimeError(f"numpy interop is broken: {bad}")
+
+
+# --------------------------------------------------------------------------
 # all-reduce
 
 
@@ -281,6 +435,13 @@ def smoke(run):
     run.section("versions", 60, lambda doc: collect_versions(tf, doc["versions"]))
     run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(tf)))
     run.section("train", 180, lambda doc: run_train(tf, doc["train"]))
+    run.section("compile", 180, harness.timed("compile", lambda part: run_compile(tf, part)))
+    run.section("loader", 120, harness.timed("loader", lambda part: run_loader(tf, part)))
+    run.section(
+        "checkpoint", 120, harness.timed("checkpoint", lambda part: run_checkpoint(tf, part))
+    )
+    run.section("numpy", 30, harness.timed("numpy", lambda part: run_numpy(tf, part)))
+    harness.packages_section(run)
     run.section(
         "allreduce",
         240,
@@ -292,6 +453,8 @@ if __name__ == "__main__":
     harness.main(
         PAYLOAD,
         smoke,
+        parts=harness.training_parts(),
+        checks=harness.TRAINING_CHECKS,
         # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
         # expect them from a GPU-less run.
         extra={"cuda_needs_gpu": True},

@@ -15,9 +15,20 @@ Sections:
   * allreduce           -- one process per visible GPU (NCCL), or two CPU
                            processes (gloo); SUM of (rank+1) must equal
                            n(n+1)/2 everywhere; bandwidth is measured as in
-                           nccl-tests.
+                           nccl-tests;
+  * loader              -- a DataLoader with 2 worker processes feeds the step
+                           1 MiB batches through /dev/shm; batches/s and the
+                           /dev/shm size seen;
+  * checkpoint          -- model and optimizer state saved, loaded into fresh
+                           ones, training goes on where it was;
+  * numpy               -- torch.from_numpy / .numpy() round trip (skipped
+                           when the image has no numpy);
+  * compile             -- a torch.compile'd step (inductor: C++ on CPU, triton
+                           on GPU) trains; a missing compiler is named;
+  * packages            -- every top-level module of every distribution in
+                           the image's lock imports, in a child interpreter.
 
-Only the standard library, the harness and torch are used.  Every wait on a
+Only the standard library, the harness, torch (and numpy, when installed) are used.  Every wait on a
 child process has a deadline; children that die or hang are killed and
 reported.
 
@@ -28,8 +39,10 @@ import contextlib
 import math
 import os
 import platform
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import traceback
 
@@ -42,6 +55,19 @@ PAYLOAD = "torch"
 ALLREDUCE_TIMEOUT_S = 300.0
 ALLREDUCE_MARGIN_S = 30.0
 ALLREDUCE_GRACE_S = 15.0  # how long to wait for the others once a rank failed
+
+COMPILE_STEPS = 10
+CHECKPOINT_STEPS = 10
+# 24 batches of 256 x 1024 float32 (1 MiB each) from 2 worker processes: every batch crosses
+# /dev/shm, a few MiB at a time (prefetch), in about a second.
+LOADER_WORKERS = 2
+# 32 MiB batches, as real training's are (a batch of 256 224x224 RGB images is 154 MB): the two
+# workers' prefetched batches need more than Docker's default 64 MB /dev/shm, which is what the
+# image's declared --shm-size is for (the smoke test fails without it, as training would).
+LOADER_BATCHES = 8
+LOADER_BATCH = 512
+LOADER_FEATURES = 16384
+LOADER_TIMEOUT_S = 60.0  # one batch; a worker that died or hangs fails the section
 
 
 # --------------------------------------------------------------------------
@@ -382,6 +408,274 @@ def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
 
 
 # --------------------------------------------------------------------------
+# what training really does: a compiled step, loader workers, a checkpoint, numpy, the packages
+
+
+def _regression(torch, n, d_in, seed):
+    """A fixed synthetic regression batch (x, y), made on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d_in, generator=gen)
+    w_true = torch.randn(d_in, 1, generator=gen) / math.sqrt(d_in)
+    y = 2.0 * torch.tanh(x @ w_true) + 0.05 * torch.randn(n, 1, generator=gen)
+    return x, y
+
+
+def _mlp(torch, d_in, d_hidden, device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(d_in, d_hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(d_hidden, 1),
+    ).to(device)
+
+
+def _compiler_problem(exc, use_cuda):
+    """The cause, in a user's words, when torch.compile failed for want of a toolchain; else None."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "Python.h" in text:
+        return "torch.compile needs Python's C headers (Python.h, e.g. libpython3-dev) in the image"
+    if use_cuda and ("Failed to find C compiler" in text or "CC environment" in text):
+        return "torch.compile needs a C compiler (gcc) in the image for triton's launcher"
+    if "InvalidCxxCompiler" in text or "No working C++ compiler" in text:
+        return "torch.compile needs a C++ compiler (g++) in the image"
+    return None
+
+
+def run_compile(torch, part, steps=COMPILE_STEPS):
+    """Fill ``part``: a torch.compile'd training step (inductor: C++ on CPU, triton on GPU)
+    trains and its loss falls; raise with the cause when the image cannot compile."""
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    part["device"] = device.type
+    part["backend"] = "inductor/triton" if use_cuda else "inductor/c++"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    part["compiler"] = cxx
+    if not use_cuda and cxx is None:
+        raise RuntimeError("torch.compile needs a C++ compiler (g++) in the image: no g++ on PATH")
+    import torch._inductor.config as inductor_config
+
+    # A fresh cache: the kernels really are built here, never taken from an earlier run.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="envbuild-inductor-")
+    # One process compiles (no worker pool to start on a small host); on the CPU without
+    # vectorization probes (a dozen extra compiler runs), which keeps the section to seconds.
+    inductor_config.compile_threads = 1
+    if not use_cuda and hasattr(inductor_config.cpp, "vec_isa_ok"):
+        inductor_config.cpp.vec_isa_ok = False
+    part["vectorized"] = bool(use_cuda)
+
+    x, y = _regression(torch, 512, 32, seed=4321)
+    x, y = x.to(device), y.to(device)
+    model = _mlp(torch, 32, 64, device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(xb, yb):
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        return loss
+
+    compiled = torch.compile(step)
+    losses = []
+    part["losses"] = losses
+    t0 = time.perf_counter()
+    for i in range(steps):
+        opt.zero_grad(set_to_none=True)
+        try:
+            loss = compiled(x, y)
+        except Exception as exc:
+            cause = _compiler_problem(exc, use_cuda) if i == 0 else None
+            if cause is None:
+                raise
+            raise RuntimeError(f"{cause}: {harness.describe_exc(exc)}") from exc
+        opt.step()
+        losses.append(float(loss.detach().float().cpu().item()))
+        if use_cuda:
+            torch.cuda.synchronize()
+        if i == 0:
+            part["compile_seconds"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+    part["step_ms"] = (time.perf_counter() - t1) / max(1, steps - 1) * 1000.0
+    harness.judge_losses(part, losses)
+
+
+class _SyntheticSamples:
+    """Deterministic regression samples; a map-style Dataset (the class is made a Dataset in
+    run_loader, where torch is at hand). Each sample says which loader worker made it."""
+
+    def __init__(self, torch, length, features):
+        self.torch = torch
+        self.length = length
+        self.features = features
+        gen = torch.Generator().manual_seed(99)
+        self.w = torch.randn(features, 1, generator=gen) / math.sqrt(features)
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index):
+        torch = self.torch
+        info = torch.utils.data.get_worker_info()
+        gen = torch.Generator().manual_seed(1000 + index)
+        x = torch.randn(self.features, generator=gen)
+        y = torch.tanh(x @ self.w)
+        return x, y, -1 if info is None else info.id
+
+
+def run_loader(torch, part):
+    """Fill ``part``: a DataLoader with worker processes feeds the training step real batches
+    (their tensors travel through /dev/shm); batches/s and /dev/shm's size are reported."""
+    try:
+        st = os.statvfs("/dev/shm")
+        part["shm_bytes"] = st.f_frsize * st.f_blocks
+        part["shm_free_bytes"] = st.f_frsize * st.f_bavail
+    except OSError as exc:
+        part["shm_bytes"] = None
+        part["shm_error"] = harness.describe_exc(exc)
+    workers, batch, features = LOADER_WORKERS, LOADER_BATCH, LOADER_FEATURES
+    dataset_class = type("SyntheticSamples", (_SyntheticSamples, torch.utils.data.Dataset), {})
+    dataset = dataset_class(torch, LOADER_BATCHES * batch, features)
+    # fork, what torch users on Linux get by default up to Python 3.13 (3.14 defaults to
+    # forkserver, which would need a picklable dataset).
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch,
+        num_workers=workers,
+        shuffle=False,
+        timeout=LOADER_TIMEOUT_S,
+        multiprocessing_context="fork",
+    )
+    part.update(workers=workers, batch_bytes=batch * features * 4, batches=0)
+    model = _mlp(torch, features, 32, torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses, seen = [], set()
+    part["batch_losses"] = losses
+    t0 = time.perf_counter()
+    try:
+        for x, y, worker in loader:
+            seen.update(int(w) for w in worker.tolist())
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach().item()))
+            part["batches"] += 1
+    except RuntimeError as exc:
+        text = str(exc)
+        if "shared memory" in text or "No space left on device" in text or "Bus error" in text:
+            shm = part.get("shm_bytes")
+            raise RuntimeError(
+                f"the DataLoader's {workers} workers ran out of shared memory: /dev/shm holds "
+                f"{shm // 2**20 if shm else '?'} MB and each batch takes "
+                f"{batch * features * 4 // 2**20} MB there; run the image as it was tested, "
+                "with docker run --shm-size=1g (the image's label org.envbuild.run.shm-size)"
+            ) from exc
+        raise
+    seconds = time.perf_counter() - t0
+    part["seconds"] = seconds
+    part["batches_per_s"] = part["batches"] / seconds if seconds > 0 else None
+    part["workers_seen"] = sorted(seen)
+    if sorted(seen) != list(range(workers)):
+        raise RuntimeError(f"batches came from workers {sorted(seen)}, expected 0..{workers - 1}")
+    # The batches differ: the verdict compares the first and the last quarter's average loss.
+    window = max(1, len(losses) // 4)
+    harness.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
+
+
+def run_checkpoint(torch, part, steps=CHECKPOINT_STEPS):
+    """Fill ``part``: train, save model and optimizer state, load them into a fresh model and
+    optimizer, go on; the resumed run gives the loss the uninterrupted one gives, and it falls."""
+    x, y = _regression(torch, 256, 16, seed=777)
+
+    def fresh():
+        model = _mlp(torch, 16, 32, torch.device("cpu"))
+        return model, torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+
+    def train(model, opt, n):
+        out = []
+        for _ in range(n):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            out.append(float(loss.detach().item()))
+        return out
+
+    model, opt = fresh()
+    before = train(model, opt, steps)
+    folder = tempfile.mkdtemp(prefix="envbuild-checkpoint-")
+    path = os.path.join(folder, "checkpoint.pt")
+    try:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+        part["bytes"] = os.path.getsize(path)
+        state = torch.load(path, map_location="cpu")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    resumed_model, resumed_opt = fresh()
+    with torch.no_grad():  # make sure the load, not the seed, is what restores the weights
+        for p in resumed_model.parameters():
+            p.add_(1.0)
+    resumed_model.load_state_dict(state["model"])
+    resumed_opt.load_state_dict(state["optimizer"])
+    expected = train(model, opt, steps)  # the uninterrupted run
+    resumed = train(resumed_model, resumed_opt, steps)
+    part.update(
+        loss_before_save=before[-1],
+        loss_after_resume=resumed[0],
+        loss_uninterrupted=expected[0],
+        losses_before=before,
+        losses_resumed=resumed,
+    )
+    tolerance = 1e-4 * max(1.0, abs(expected[0]))
+    part["continued"] = bool(
+        abs(resumed[0] - expected[0]) <= tolerance and resumed[0] <= before[-1] + tolerance
+    )
+    if not part["continued"]:
+        raise RuntimeError(
+            f"the resumed loss {resumed[0]!r} does not continue from {before[-1]!r} "
+            f"(the uninterrupted run gives {expected[0]!r}): the checkpoint lost state"
+        )
+    harness.judge_losses(part, resumed)
+
+
+def run_numpy(torch, part):
+    """Fill ``part``: torch.from_numpy shares memory, .numpy() gives it back equal; skipped (not
+    failed) when the image has no numpy."""
+    import importlib.util
+
+    if importlib.util.find_spec("numpy") is None:
+        part["skipped"] = "numpy is not installed in this image"
+        part["ok"] = True
+        return
+    import numpy
+
+    part["version"] = str(numpy.__version__)
+    array = numpy.arange(12, dtype=numpy.float32).reshape(3, 4)
+    tensor = torch.from_numpy(array)
+    array[0, 0] = 42.0  # from_numpy shares the buffer
+    back = (tensor * 2).numpy()
+    checks = {
+        "shares_memory": float(tensor[0, 0]) == 42.0,
+        "round_trip": bool(numpy.array_equal(tensor.numpy(), array)),
+        "dtype": tensor.dtype == torch.float32 and back.dtype == numpy.float32,
+        "values": bool(numpy.array_equal(back, array * 2)),
+    }
+    part.update(checks)
+    part["ok"] = all(checks.values())
+    if not part["ok"]:
+        bad = ", ".join(name for name, good in checks.items() if not good)
+        raise RuntimeError(f"numpy interop is broken: {bad}")
+
+
+def training_parts():
+    """The report's parts: the harness's training parts and what torch adds to them."""
+    parts = harness.training_parts()
+    parts["compile"].update(compiler=None, vectorized=None)
+    parts["loader"].update(
+        workers=LOADER_WORKERS, shm_bytes=None, shm_free_bytes=None, workers_seen=[]
+    )
+    return parts
+
+
+# --------------------------------------------------------------------------
 
 
 def smoke(run):
@@ -394,6 +688,14 @@ def smoke(run):
     )
     run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(torch)))
     run.section("train", 180, lambda doc: run_train(torch, doc["train"]))
+    # The loader forks its workers: before compile starts inductor's threads.
+    run.section("loader", 120, harness.timed("loader", lambda part: run_loader(torch, part)))
+    run.section(
+        "checkpoint", 60, harness.timed("checkpoint", lambda part: run_checkpoint(torch, part))
+    )
+    run.section("numpy", 30, harness.timed("numpy", lambda part: run_numpy(torch, part)))
+    run.section("compile", 240, harness.timed("compile", lambda part: run_compile(torch, part)))
+    harness.packages_section(run)
 
     def allreduce(doc):
         # Leave the section the time to stop the children and report them.
@@ -404,4 +706,4 @@ def smoke(run):
 
 
 if __name__ == "__main__":
-    harness.main(PAYLOAD, smoke)
+    harness.main(PAYLOAD, smoke, parts=training_parts(), checks=harness.TRAINING_CHECKS)

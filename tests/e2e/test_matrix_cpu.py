@@ -50,6 +50,17 @@ def test_three_entries_two_at_a_time(
         assert (smoke["allreduce"]["world_size"], smoke["allreduce"]["correct"]) == (2, True)
         assert smoke["allreduce"]["got"] == smoke["allreduce"]["expected"] == 3.0
         assert smoke["versions"]["framework"].startswith(entry["entry"]["framework_version"])
+        # What training really does, in every framework: a compiled step, an input pipeline, a
+        # checkpoint restored mid-run, numpy, and every package of the lock importing.
+        checks = {c["name"]: c["passed"] for c in smoke["checks"]}
+        for name in ("compiled_step", "data_loader", "checkpoint_resumed", "numpy_interop", "packages_import"):  # fmt: skip
+            assert checks.get(name) is True, (framework, name, smoke["checks"])
+        assert smoke["compile"]["loss_last"] < smoke["compile"]["loss_first"], framework
+        assert smoke["checkpoint"]["loss_after_resume"] == pytest.approx(
+            smoke["checkpoint"]["loss_uninterrupted"], rel=1e-3
+        ), framework
+        assert smoke["packages"]["imported"] >= smoke["packages"]["distributions"] > 0, framework
+        assert smoke["packages"]["failures"] == [], framework
         if entry["status"] == "built":
             # The OS + Python stage was built once up front: every entry found it in the cache.
             log = Path(entry["image"]["log"]).read_text()

@@ -228,3 +228,26 @@ def test_versions_come_from_the_libraries_and_a_crashing_one_is_reported(tmp_pat
     assert found["nccl"] == []
     (error,) = errors
     assert error == "libnccl.so.2: ncclGetVersion failed: killed by SIGABRT"
+
+
+def test_only_the_frameworks_and_nvidias_libraries_must_be_whole() -> None:
+    root = "/opt/venv/lib/python3.11/site-packages"
+    missing = [
+        (f"{root}/torch/lib/libtorch_cuda.so", "libcudnn.so.9"),
+        (f"{root}/nvidia/cudnn/lib/libcudnn_ops.so.9", "libcublas.so.12"),
+        (f"{root}/numba/np/ufunc/tbbpool.cpython-311-x86_64-linux-gnu.so", "libtbb.so.12"),
+    ]
+    must, elsewhere = cuda_static.split_missing(missing, [root], "torch")
+    assert must == [
+        {"library": "torch/lib/libtorch_cuda.so", "needs": "libcudnn.so.9"},
+        {"library": "nvidia/cudnn/lib/libcudnn_ops.so.9", "needs": "libcublas.so.12"},
+    ]
+    assert elsewhere == [
+        {
+            "library": "numba/np/ufunc/tbbpool.cpython-311-x86_64-linux-gnu.so",
+            "needs": "libtbb.so.12",
+        }
+    ]
+    # For JAX, torch's folder is just another package's.
+    must, _ = cuda_static.split_missing(missing[:1], [root], "jax")
+    assert must == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,7 +171,49 @@ def test_cuda_entries_carry_no_system_cuda(knowledge: Knowledge, tmp_path: Path)
         dockerfile = render_entry(e, BuildOptions(), None, LOCK).dockerfile
         assert "nvidia/cuda" not in dockerfile
         assert "cuda-toolkit" not in dockerfile
-        assert "apt-get install" not in dockerfile
+        # apt brings torch's compiler (torch.compile) and nothing else: no system CUDA.
+        if framework == "torch":
+            assert apt_packages(dockerfile) == {"$missing"}
+            assert compile_needs(dockerfile) == {"g++", "libpython3-dev"}
+        else:
+            assert apt_packages(dockerfile) == set()
+
+
+def apt_packages(dockerfile: str) -> set[str]:
+    """The packages every `apt-get install` of a Dockerfile names."""
+    found: set[str] = set()
+    for line in dockerfile.splitlines():
+        if "apt-get install" in line:
+            words = line.split("apt-get install", 1)[1].replace("\\", " ").split()
+            found.update(w for w in words if not w.startswith("-"))
+    return found
+
+
+def compile_needs(dockerfile: str) -> set[str]:
+    """The packages the compiler RUN may install (`missing="[$missing ]NAME"` assignments)."""
+    return set(re.findall(r'missing="(?:\$missing)? ([^"$ ]+)"', dockerfile))
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+def test_torch_images_carry_the_compiler_torch_compile_needs(
+    knowledge: Knowledge, framework: str
+) -> None:
+    version = {"torch": "2.13.0", "tensorflow": "2.20.0", "jax": "0.10.2"}[framework]
+    e = entry(knowledge, version, "cpu", framework=framework)
+    bare = render_entry(e, BuildOptions(), BARE_BOOKWORM, LOCK)
+    own_python = render_entry(e, BuildOptions(), None, LOCK)
+    base = {"python3", "python3-venv"}
+    if framework == "torch":
+        # One apt RUN with python3 on a bare OS (g++, and Python.h for the kernels it builds);
+        # a base that brings Python gets what it lacks of them in its own RUN.
+        assert apt_packages(bare.runtime_stage) == base | {"g++", "libpython3-dev"}
+        assert bare.runtime_stage.count("apt-get install") == 1
+        assert compile_needs(bare.runtime_stage) == set()
+        assert apt_packages(own_python.runtime_stage) == {"$missing"}
+        assert compile_needs(own_python.runtime_stage) == {"g++", "libpython3-dev"}
+    else:
+        assert apt_packages(bare.runtime_stage) == base
+        assert apt_packages(own_python.runtime_stage) == set()
 
 
 def test_the_hash_follows_the_lock_and_the_base_never_the_ca_bundle_or_the_wheelhouse(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from envbuild.smoke import check_report
@@ -119,3 +120,59 @@ def test_a_bare_major_label_is_met_by_any_minor() -> None:
     labels = {**LABELS, "org.envbuild.cuda": "12"}
     checks = {c.name: c for c in check_report(report, labels, gpus=True)}
     assert checks["cuda_version"].passed
+
+
+def test_the_smoke_test_runs_with_the_options_the_image_declares_and_prints_them() -> None:
+    from envbuild import labels as label_keys
+    from envbuild.engine import RunResult
+    from envbuild.report import smoke_lines
+    from envbuild.smoke import smoke_image
+    from tests.engine_double import InMemoryEngine
+
+    cpu = {**LABELS, "org.envbuild.cuda": "cpu", "org.envbuild.cudnn": "", "org.envbuild.nccl": ""}
+    report = copy.deepcopy(REPORT)
+    report["versions"].update(framework="2.4.1+cpu", cuda=None, cudnn=None, nccl=None)
+    report["train"]["device"] = "cpu"
+    report["allreduce"].update(backend="gloo", world_size=2, expected=3.0, got=3.0)
+    printed = RunResult(exit_code=0, stdout=json.dumps(report), stderr="", timed_out=False, seconds=1.0)  # fmt: skip
+    double = InMemoryEngine()
+    for tag, extra in (("t/declares:1", {label_keys.RUN_SHM_SIZE: "1g"}), ("t/plain:1", {})):
+        double.add_image(tag, tags=(tag,), labels={**cpu, **extra})
+        double.outputs[tag] = printed
+    declares = smoke_image(double, "t/declares:1", gpus="none")
+    plain = smoke_image(double, "t/plain:1", gpus="none")
+    assert [run.shm_size for run in double.runs] == ["1g", None]  # None: Docker's 64 MB
+    assert declares.passed, declares.checks
+    assert declares.payload["run_with"] == "--shm-size=1g"
+    assert (
+        smoke_lines(declares)[-1]
+        == "  run it as it was tested: docker run --shm-size=1g t/declares:1"
+    )
+    assert smoke_lines(plain)[-1] == "  run it as it was tested: docker run t/plain:1"
+
+
+def test_each_training_section_is_a_check_and_a_failed_one_says_why() -> None:
+    report = copy.deepcopy(REPORT)
+    report["checks"] = {
+        "loss_fell": True, "allreduce_correct": True, "compiled_step": False,
+        "data_loader": True, "checkpoint_resumed": True, "numpy_interop": True,
+        "packages_import": False,
+    }  # fmt: skip
+    report["compile"] = {"compiler": "inductor (g++)", "loss_first": 1.0, "loss_last": None}
+    report["loader"] = {"batches": 24, "workers": 2, "batches_per_s": 180.4, "loss_first": 1.2, "loss_last": 0.8}  # fmt: skip
+    report["checkpoint"] = {"loss_after_resume": 0.5, "loss_uninterrupted": 0.5}
+    report["numpy"] = {"skipped": "numpy is not installed in this image"}
+    report["packages"] = {"imported": 40, "distributions": 41}
+    report["errors"] = [
+        "compile: InvalidCxxCompiler: torch.compile needs a C++ compiler (g++) in the image",
+        "packages: RuntimeError: 1 failed: brokenpkg: brokenpkg: ImportError: no",
+    ]
+    checks = {c.name: c for c in check_report(report, LABELS, gpus=True)}
+    assert checks["compiled_step"].detail == "InvalidCxxCompiler: torch.compile needs a C++ compiler (g++) in the image"  # fmt: skip
+    assert checks["packages_import"].detail == "RuntimeError: 1 failed: brokenpkg: brokenpkg: ImportError: no"  # fmt: skip
+    assert not checks["compiled_step"].passed
+    assert checks["data_loader"].detail == "24 batches from 2 workers at 180/s: loss 1.2 -> 0.8"
+    assert checks["checkpoint_resumed"].detail == "resumed at loss 0.5 (uninterrupted 0.5)"
+    assert checks["numpy_interop"].detail == "skipped: numpy is not installed in this image"
+    assert checks["numpy_interop"].passed
+    assert not checks["payload"].passed

@@ -482,4 +482,6 @@ def test_the_injected_files_run_together(tmp_path: Path, framework: str) -> None
     assert {"versions", "devices", "train", "allreduce", "checks"} <= set(report)
     assert report["versions"]["python"] == platform.python_version()
     checks = {c.name: c.passed for c in check_report(report, {}, gpus=False)}
-    assert checks == {"payload": False, "loss_fell": False, "allreduce": False}
+    # Without its framework nothing passes: neither the core checks nor a training section's.
+    assert {"payload", "loss_fell", "allreduce"} <= set(checks)
+    assert not any(checks.values()), checks

@@ -15,16 +15,9 @@ from click.testing import CliRunner
 from envbuild.cli import main
 from envbuild.models import Gpu, Knowledge
 from envbuild.smoke import check_static, fleet_refusal
+from tests.unit import test_smoke_checks as smoke_checks
 
-LABELS = {
-    "org.envbuild.framework": "torch",
-    "org.envbuild.framework-version": "2.4.1",
-    "org.envbuild.cuda": "12.1",
-    "org.envbuild.cudnn": "9.1.0.70",
-    "org.envbuild.nccl": "2.20.5",
-    "org.envbuild.python": "3.11",
-    "org.envbuild.os": "bookworm",
-}
+LABELS = {**smoke_checks.LABELS, "org.envbuild.os": "bookworm"}  # the torch 2.4.1 cu121 image
 
 
 def version(path: str, text: str) -> list[dict[str, str]]:
@@ -201,3 +194,17 @@ def test_an_unknown_fleet_gpu_is_one_line_before_any_work(command: str) -> None:
     assert result.exit_code == 2
     assert "--gpu 'H9999' is not a GPU envbuild knows" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_optional_extension_of_another_package_is_named_but_does_not_fail(
+    knowledge: Knowledge,
+) -> None:
+    report = copy.deepcopy(REPORT)
+    report["closure"]["missing_elsewhere"] = [
+        {"library": "numba/np/ufunc/tbbpool.so", "needs": "libtbb.so.12"}
+    ]
+    (check,) = [c for c in check_static(report, LABELS, knowledge) if c.name == "cuda_libraries"]
+    assert check.passed
+    assert check.detail.endswith(
+        "; not locked, for optional extensions: numba/np/ufunc/tbbpool.so needs libtbb.so.12"
+    )

@@ -2,9 +2,11 @@
 # torch 2.13.0 (CPU), Python 3.11, bookworm.
 FROM envbuild/base:bookworm AS runtime
 # The base image has no python3: take the OS's own (bookworm provides Python 3.11).
+# torch.compile builds its kernels at run time: g++ (with gcc) and Python's headers.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv g++ libpython3-dev \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 FROM runtime
@@ -30,6 +32,7 @@ LABEL org.envbuild.entry-id="torch2.13.0-cpu-py3.11-bookworm" \
       org.envbuild.os="bookworm" \
       org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
       org.envbuild.stage="image" \
+      org.envbuild.run.shm-size="1g" \
       org.opencontainers.image.title="torch 2.13.0 (CPU, Python 3.11)" \
       org.opencontainers.image.version="2.13.0" \
       org.opencontainers.image.base.name="envbuild/base:bookworm"

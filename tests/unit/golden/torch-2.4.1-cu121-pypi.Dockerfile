@@ -2,6 +2,23 @@
 # torch 2.4.1 (CUDA 12.1, cu121), Python 3.11, bookworm.
 FROM python:3.11-slim-bookworm AS runtime
 # Python 3.11 comes from the base image.
+# torch.compile builds its kernels at run time with g++ (and gcc) against Python.h: what the base
+# lacks of them comes from apt (the headers only for the OS's own python3: libpython3-dev).
+# hadolint ignore=DL3008,SC2086
+RUN missing=""; \
+    command -v g++ >/dev/null 2>&1 || missing=" g++"; \
+    python3 -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+      || missing="$missing libpython3-dev"; \
+    if [ -z "$missing" ]; then exit 0; fi; \
+    if ! command -v apt-get >/dev/null 2>&1; then \
+      echo "envbuild: torch.compile needs$missing in the image and this base has no apt-get; use a base that has them" >&2; exit 1; \
+    fi; \
+    if ! apt-get update --error-on=any; then \
+      echo "envbuild: torch.compile needs$missing in the image and apt cannot reach the OS archive (an --offline build?); use a base that has them" >&2; exit 1; \
+    fi; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/*
 
 FROM runtime
 # PyPI's plain torch 2.4.1 wheel is the CUDA 12.1, cu121 build: install it from PyPI.
@@ -30,6 +47,7 @@ LABEL org.envbuild.entry-id="torch2.4.1-cu121-py3.11-bookworm" \
       org.envbuild.os="bookworm" \
       org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
       org.envbuild.stage="image" \
+      org.envbuild.run.shm-size="1g" \
       org.opencontainers.image.title="torch 2.4.1 (CUDA 12.1, cu121, Python 3.11)" \
       org.opencontainers.image.version="2.4.1" \
       org.opencontainers.image.base.name="python:3.11-slim-bookworm"

@@ -1,0 +1,32 @@
+"""The one line a failed build ends in: envbuild's own explanation from the failed step first."""
+
+from __future__ import annotations
+
+from envbuild.docker_engine import _build_error
+
+SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
+
+
+def test_a_step_that_explains_itself_is_quoted_not_its_script() -> None:
+    lines = [
+        "Step 3/14 : RUN missing=...",
+        " ---> Running in 0123",
+        "envbuild: torch.compile needs g++ libpython3-dev in the image and apt cannot reach the "
+        "OS archive (an --offline build?); use a base that has them",
+        "W: Some index files failed to download.",
+    ]
+    assert _build_error(SCRIPT, lines) == (
+        "envbuild: torch.compile needs g++ libpython3-dev in the image and apt cannot reach the OS "
+        "archive (an --offline build?); use a base that has them (a RUN step exited 1)"
+    )
+
+
+def test_the_installer_explains_itself_too() -> None:
+    lines = ["envbuild install: uv could not install /opt/venv/envbuild.lock (exit 2); see its output above"]  # fmt: skip
+    assert _build_error(SCRIPT, lines).startswith("envbuild install: uv could not install")
+
+
+def test_otherwise_the_last_output_goes_with_the_engines_message() -> None:
+    lines = ["E: Unable to locate package nosuch", "a", "b", "c"]
+    assert _build_error(SCRIPT, lines) == "a RUN step exited 1 (last output: a | b | c)"
+    assert _build_error("no space left on device", []) == "no space left on device"
