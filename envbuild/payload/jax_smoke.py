@@ -367,20 +367,7 @@ def run_checkpoint(jax, part, steps=CHECKPOINT_STEPS):
         _, resumed = train(jax.tree_util.tree_unflatten(tree, loaded), steps)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    part["loss_before_save"] = before[-1]
-    part["loss_after_resume"] = resumed[0]
-    part["loss_uninterrupted"] = uninterrupted[0]
-    part["continued"] = abs(resumed[0] - uninterrupted[0]) <= 1e-4 * max(1.0, abs(uninterrupted[0]))
-    part["loss_fell"] = resumed[-1] < before[0]
-    if not part["continued"]:
-        raise RuntimeError(
-            f"the restored state does not go on where it was saved: first loss after loading "
-            f"{resumed[0]!r}, uninterrupted {uninterrupted[0]!r}"
-        )
-    if not part["loss_fell"]:
-        raise RuntimeError(
-            f"loss did not fall across the checkpoint: {before[0]!r} -> {resumed[-1]!r}"
-        )
+    harness.judge_checkpoint(part, before, uninterrupted, resumed, tolerance=1e-4)
 
 
 def run_numpy(jax, part):
@@ -397,11 +384,7 @@ def run_numpy(jax, part):
         "dtype": device_array.dtype == jnp.float32 and back.dtype == numpy.float32,
         "values": bool(numpy.array_equal(back, array * 2)),
     }
-    part.update(checks)
-    part["ok"] = all(checks.values())
-    if not part["ok"]:
-        bad = ", ".join(name for name, good in checks.items() if not good)
-        raise RuntimeError(f"numpy interop is broken: {bad}")
+    harness.judge_round_trip(part, checks)
 
 
 # --------------------------------------------------------------------------

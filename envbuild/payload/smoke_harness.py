@@ -623,6 +623,45 @@ def training_parts() -> dict[str, Any]:
     return parts
 
 
+def judge_checkpoint(
+    part: dict[str, Any],
+    before: list[float],
+    uninterrupted: list[float],
+    resumed: list[float],
+    *,
+    tolerance: float = 1e-4,
+) -> None:
+    """Record a checkpoint round trip: ``before`` the save, the ``uninterrupted`` run on from
+    it, the run ``resumed`` from the loaded state; raise unless the resumed run gives the
+    uninterrupted one's loss (relative ``tolerance``) and the loss keeps falling."""
+    part.update(
+        loss_before_save=before[-1],
+        loss_after_resume=resumed[0],
+        loss_uninterrupted=uninterrupted[0],
+        losses_before=before,
+        losses_resumed=resumed,
+    )
+    allowed = tolerance * max(1.0, abs(uninterrupted[0]))
+    part["continued"] = bool(
+        abs(resumed[0] - uninterrupted[0]) <= allowed and resumed[0] <= before[-1] + allowed
+    )
+    if not part["continued"]:
+        raise RuntimeError(
+            f"the resumed loss {resumed[0]!r} does not continue from {before[-1]!r} "
+            f"(the uninterrupted run gives {uninterrupted[0]!r}): the checkpoint lost state"
+        )
+    judge_losses(part, resumed)
+
+
+def judge_round_trip(part: dict[str, Any], checks: dict[str, bool]) -> None:
+    """Record the numpy interop checks; raise naming those that failed."""
+    part.update(checks)
+    part["ok"] = all(checks.values())
+    if not part["ok"]:
+        bad = ", ".join(name for name, good in checks.items() if not good)
+        raise RuntimeError(f"numpy interop is broken: {bad}")
+
+
 def timed(part_name: str, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], None]:
     """A section body that fills ``doc[part_name]`` with ``fn`` and records its seconds."""
 

@@ -295,20 +295,7 @@ def run_checkpoint(tf, part, steps=CHECKPOINT_STEPS):
         resumed = train(resumed_model, steps)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    part["loss_before_save"] = before[-1]
-    part["loss_after_resume"] = resumed[0]
-    part["loss_uninterrupted"] = uninterrupted[0]
-    part["continued"] = abs(resumed[0] - uninterrupted[0]) <= 1e-3 * max(1.0, abs(uninterrupted[0]))
-    part["loss_fell"] = resumed[-1] < before[0]
-    if not part["continued"]:
-        raise RuntimeError(
-            f"the restored model does not go on where it was saved: first loss after restore "
-            f"{resumed[0]!r}, uninterrupted {uninterrupted[0]!r}"
-        )
-    if not part["loss_fell"]:
-        raise RuntimeError(
-            f"loss did not fall across the checkpoint: {before[0]!r} -> {resumed[-1]!r}"
-        )
+    harness.judge_checkpoint(part, before, uninterrupted, resumed, tolerance=1e-3)
 
 
 def run_numpy(tf, part):
@@ -324,11 +311,7 @@ def run_numpy(tf, part):
         "dtype": tensor.dtype == tf.float32 and back.dtype == numpy.float32,
         "values": bool(numpy.array_equal(back, array * 2)),
     }
-    part.update(checks)
-    part["ok"] = all(checks.values())
-    if not part["ok"]:
-        bad = ", ".join(name for name, good in checks.items() if not good)
-        raise RuntimeError(f"numpy interop is broken: {bad}")
+    harness.judge_round_trip(part, checks)
 
 
 # --------------------------------------------------------------------------

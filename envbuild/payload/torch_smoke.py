@@ -617,23 +617,7 @@ def run_checkpoint(torch, part, steps=CHECKPOINT_STEPS):
     resumed_opt.load_state_dict(state["optimizer"])
     expected = train(model, opt, steps)  # the uninterrupted run
     resumed = train(resumed_model, resumed_opt, steps)
-    part.update(
-        loss_before_save=before[-1],
-        loss_after_resume=resumed[0],
-        loss_uninterrupted=expected[0],
-        losses_before=before,
-        losses_resumed=resumed,
-    )
-    tolerance = 1e-4 * max(1.0, abs(expected[0]))
-    part["continued"] = bool(
-        abs(resumed[0] - expected[0]) <= tolerance and resumed[0] <= before[-1] + tolerance
-    )
-    if not part["continued"]:
-        raise RuntimeError(
-            f"the resumed loss {resumed[0]!r} does not continue from {before[-1]!r} "
-            f"(the uninterrupted run gives {expected[0]!r}): the checkpoint lost state"
-        )
-    harness.judge_losses(part, resumed)
+    harness.judge_checkpoint(part, before, expected, resumed)
 
 
 def run_numpy(torch, part):
@@ -658,11 +642,7 @@ def run_numpy(torch, part):
         "dtype": tensor.dtype == torch.float32 and back.dtype == numpy.float32,
         "values": bool(numpy.array_equal(back, array * 2)),
     }
-    part.update(checks)
-    part["ok"] = all(checks.values())
-    if not part["ok"]:
-        bad = ", ".join(name for name, good in checks.items() if not good)
-        raise RuntimeError(f"numpy interop is broken: {bad}")
+    harness.judge_round_trip(part, checks)
 
 
 def training_parts():

@@ -65,6 +65,14 @@ def test_the_torch_image_passes_every_training_section(
     assert smoke["run_with"] == "--shm-size=1g"  # what a user's docker run needs, as tested
 
 
+def failing_smoke(tag: str) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """`envbuild smoke TAG --json`, which must fail: the process, its report, the failed checks."""
+    result = envbuild("smoke", tag, "--json")
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    return result, report, {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
+
+
 def test_without_its_declared_shm_size_the_loader_fails_and_says_how_to_run_it(
     docker_client: docker.DockerClient, torch_cpu_build: object, tmp_path: Path
 ) -> None:
@@ -75,10 +83,7 @@ def test_without_its_declared_shm_size_the_loader_fails_and_says_how_to_run_it(
         f'FROM {IMAGE}\nLABEL org.envbuild.run.shm-size=""\n', {},
     )  # fmt: skip
     try:
-        result = envbuild("smoke", tag, "--json")
-        assert result.returncode == 1, result.stderr[-2000:]
-        report = json.loads(result.stdout)
-        failed = {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
+        _, report, failed = failing_smoke(tag)
         assert set(failed) == {"payload", "data_loader"}
         assert failed["data_loader"].startswith(
             "RuntimeError: the DataLoader's 2 workers ran out of shared memory: /dev/shm holds 64 MB"
@@ -109,10 +114,7 @@ def test_an_image_without_what_compile_needs_fails_the_compile_section_with_the_
         f"FROM {IMAGE}\nRUN {sabotage}\n", {},
     )  # fmt: skip
     try:
-        result = envbuild("smoke", tag, "--json")
-        assert result.returncode == 1, result.stderr[-2000:]
-        report = json.loads(result.stdout)
-        failed = {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
+        result, report, failed = failing_smoke(tag)
         # Training, all-reduce and the other sections still pass.
         assert set(failed) == {"payload", "compiled_step"}
         assert failed["compiled_step"].startswith(f"RuntimeError: {cause}")

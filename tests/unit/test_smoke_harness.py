@@ -485,3 +485,39 @@ def test_the_injected_files_run_together(tmp_path: Path, framework: str) -> None
     # Without its framework nothing passes: neither the core checks nor a training section's.
     assert {"payload", "loss_fell", "allreduce"} <= set(checks)
     assert not any(checks.values()), checks
+
+
+# -- the verdicts every framework's training sections share -----------------------------------
+
+
+def test_a_checkpoint_that_resumes_where_it_stopped_passes() -> None:
+    part: dict[str, Any] = {}
+    harness.judge_checkpoint(part, [1.0, 0.8], [0.7, 0.6], [0.7, 0.6], tolerance=1e-4)
+    assert part["continued"] is True
+    assert part["loss_fell"] is True
+    assert (part["loss_before_save"], part["loss_after_resume"]) == (0.8, 0.7)
+
+
+@pytest.mark.parametrize(
+    ("resumed", "why"),
+    [
+        ([0.95, 0.9], "does not continue from 0.8"),  # restarted from scratch: state lost
+        ([0.7, 0.71], "loss did not fall"),  # resumed right, then stopped learning
+    ],
+)
+def test_a_checkpoint_that_lost_state_or_stopped_learning_fails(
+    resumed: list[float], why: str
+) -> None:
+    part: dict[str, Any] = {}
+    uninterrupted = [resumed[0], 0.6] if why == "loss did not fall" else [0.7, 0.6]
+    with pytest.raises(RuntimeError, match=why):
+        harness.judge_checkpoint(part, [1.0, 0.8], uninterrupted, resumed, tolerance=1e-4)
+
+
+def test_a_broken_numpy_round_trip_names_what_broke() -> None:
+    part: dict[str, Any] = {}
+    with pytest.raises(RuntimeError, match="numpy interop is broken: dtype, values"):
+        harness.judge_round_trip(part, {"round_trip": True, "dtype": False, "values": False})
+    assert part["ok"] is False
+    harness.judge_round_trip(part, {"round_trip": True})
+    assert part["ok"] is True
