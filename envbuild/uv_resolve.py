@@ -79,6 +79,7 @@ _UV_KEPT = frozenset(
     [
         "UV_CACHE_DIR",
         "UV_HTTP_TIMEOUT",
+        "UV_HTTP_CONNECT_TIMEOUT",
         "UV_HTTP_RETRIES",
         "UV_NATIVE_TLS",
         "UV_CONCURRENT_DOWNLOADS",

@@ -9,22 +9,27 @@ the CA bundle and config.json from it into a private temporary folder, creates t
     uv pip install --python VENV/bin/python --require-hashes --no-deps --no-cache -r LOCK
 
 with the CA bundle in SSL_CERT_FILE and the indexes in uv's environment variables (never on a
-command line), and removes the temporary folder whatever happens. Usage:
+command line), and removes the temporary folder whatever happens. uv's network limits are set
+here, not left to its defaults: an index that dies fails the install in about a minute, with one
+line naming it, while a slow but steady download never trips them. Usage:
 
     ENVBUILD_SERVE=http://GATEWAY:PORT/PREFIX/ python3 install_env.py VENV LOCK
 """
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
@@ -34,6 +39,19 @@ UV_NAME = "uv"
 CA_NAME = "ca.crt"
 WHEELS_NAME = "wheels/"
 FETCH_TIMEOUT = 120.0  # seconds without a byte from the host's server
+# uv's limits per request. The connect timeout (TCP, TLS and any proxy tunnel of one attempt)
+# is short: a dead address never answers a SYN, and every retry waits for it again. The read
+# timeout counts seconds without a byte, not the whole download: a multi-GB CUDA wheel at a
+# slow but steady rate never meets it. A dead index thus fails the install within about
+# HTTP_READ_TIMEOUT_S + HTTP_RETRIES * HTTP_CONNECT_TIMEOUT_S plus uv's backoff (~1 minute);
+# one that completes the TLS handshake and then says nothing, within
+# (1 + HTTP_RETRIES) * HTTP_READ_TIMEOUT_S (~2 minutes).
+HTTP_CONNECT_TIMEOUT_S = 5  # UV_HTTP_CONNECT_TIMEOUT (uv >= 0.10; older uv uses the read timeout)
+HTTP_READ_TIMEOUT_S = 30  # UV_HTTP_TIMEOUT
+HTTP_RETRIES = 3  # UV_HTTP_RETRIES: a reset in the middle of a large download is retried
+UV_TAIL_LINES = 200  # the last lines of uv's output kept to explain its failure
+MAX_LINE_BYTES = 4096
+MAX_REASON_CHARS = 240
 _CONFIG_KEYS = {"index_url", "extra_index_urls", "find_links", "offline", "ca_bundle"}
 
 
@@ -124,7 +142,74 @@ def uv_environment(config: Config, base: dict[str, str], ca_path: str | None) ->
         env["UV_EXTRA_INDEX_URL"] = " ".join(config.extra_index_urls)
     if ca_path is not None:
         env["SSL_CERT_FILE"] = ca_path
+    env["UV_HTTP_CONNECT_TIMEOUT"] = str(HTTP_CONNECT_TIMEOUT_S)
+    env["UV_HTTP_TIMEOUT"] = str(HTTP_READ_TIMEOUT_S)
+    env["UV_HTTP_RETRIES"] = str(HTTP_RETRIES)
     return env
+
+
+def run_uv(command: list[str], environment: dict[str, str]) -> tuple[int, list[str]]:
+    """Run uv with its stderr passed on to the build log as it comes: (exit code, last lines)."""
+    tail: collections.deque[str] = collections.deque(maxlen=UV_TAIL_LINES)
+    with subprocess.Popen(command, env=environment, stderr=subprocess.PIPE) as process:
+        stream = process.stderr
+        assert stream is not None
+        # readline with a limit: a line without end is read in pieces, never all at once.
+        for raw in iter(lambda: stream.readline(MAX_LINE_BYTES), b""):
+            line = raw.decode("utf-8", errors="replace")
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail.append(line.rstrip("\n"))
+    return process.returncode, list(tail)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_URL = re.compile(r"https?://[^\s`'\"()<>]+")
+_CAUSE = re.compile(r"^\s*(?:error|cause|caused by):\s*", re.IGNORECASE)
+_PACKAGE = re.compile(r"Failed to download `([^`]+)`")
+# What uv says when a request, not the lock or the venv, failed.
+_NETWORK = ("Failed to fetch", "error sending request", "Request failed after")
+
+
+def origin(url: str) -> str:
+    """scheme://host[:port] of `url`: never its credentials, path or query."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def network_failure(tail: list[str], serve: str) -> str | None:
+    """One line for an install that failed on a request (where to, why), from the last lines of
+    uv's output; None when uv failed for another reason (a hash, a missing wheel, the venv)."""
+    lines = [_ANSI.sub("", line) for line in tail]
+    starts = [i for i, line in enumerate(lines) if line.lower().startswith("error:")]
+    block = lines[starts[-1] :] if starts else lines
+    text = "\n".join(block)
+    if not any(marker in text for marker in _NETWORK):
+        return None
+    said = [_CAUSE.sub("", line).strip() for line in block if _CAUSE.match(line)]
+    said = [_URL.sub(lambda m: origin(m.group(0)), part) for part in said if part]
+    reasons = [part for part in said if part.startswith("Request failed after")]
+    # The innermost two causes: `tcp connect error: deadline has elapsed`.
+    innermost = [part for part in said[-2:] if part not in reasons]
+    if innermost:
+        reasons.append(": ".join(innermost))
+    reason = "; ".join(reasons) or "no reason given"
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[: MAX_REASON_CHARS - 3] + "..."
+    url = _URL.search(text)
+    if url is None:
+        where = "the package index"
+    elif origin(url.group(0)) == origin(serve):
+        where = "envbuild's build server (the wheelhouse)"
+    else:
+        where = f"the package index at {origin(url.group(0))}"
+    package = _PACKAGE.search(text)
+    what = f"{package.group(1)} " if package else ""
+    line = (
+        f"uv could not download {what}from {where} ({reason}); check that it is up and "
+        "reachable from the build (its URL, the proxy, the CA bundle), then build again"
+    )
+    return "".join(c if c.isprintable() else "?" for c in line)
 
 
 class Phases:
@@ -215,9 +300,11 @@ def install(serve: str, venv: str, lock: str, scratch: str) -> None:
     environment["TMPDIR"] = scratch
     make_venv(uv, venv, environment)
     clock.done("venv")
-    result = subprocess.run(uv_command(uv, config, serve, venv, lock), env=environment, check=False)
-    if result.returncode != 0:
-        msg = f"uv could not install {lock} (exit {result.returncode}); see its output above"
+    code, tail = run_uv(uv_command(uv, config, serve, venv, lock), environment)
+    if code != 0:
+        msg = network_failure(tail, serve) or (
+            f"uv could not install {lock} (exit {code}); see its output above"
+        )
         raise InstallError(msg)
     clock.done("install")
     print(f"envbuild install: {clock}", file=sys.stderr)

@@ -3,7 +3,9 @@ no tag, record or container behind, and a rerun against a working index builds.
 
 The index is real: a TLS server (its own test CA, passed with --ca-bundle) in a container on the
 engine's bridge network, serving the torch wheel's dependencies from ./wheelhouse in PEP 503
-layout, slowly enough that it can be stopped while pip downloads from it."""
+layout. It serves at full speed to the lock and the rerun, and slowly to the build it dies in,
+so that it can be stopped while uv downloads from it. Its address then stops answering (no
+refusal: reads and connects time out, or find no route), and uv's limits must end the build."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import docker
 import pytest
 from docker.models.containers import Container
 
+from envbuild.payload.install_env import HTTP_READ_TIMEOUT_S, HTTP_RETRIES, origin
 from tests.docker_support import REPO, TEST_LABEL, TORCH_CPU_IMAGE, envbuild, torch_cpu_args
 from tests.fault_support import finish_quietly, leftovers, rows, scratch, start, wait_for
 
@@ -27,6 +30,9 @@ pytestmark = pytest.mark.e2e
 REPOSITORY = "envbuild-test/index-cut-{framework}"
 IMAGE = "envbuild-test/index-cut-torch:2.13.0-cpu-py3.11-bookworm"
 PORT = 8443
+# A hang guard, not a speed target: every request uv has in flight ends within its retries of
+# the read timeout, plus backoff and the engine's clean-up.
+FAILURE_GUARD_S = (1 + HTTP_RETRIES) * HTTP_READ_TIMEOUT_S + 60
 
 SERVER = r"""
 import http.server, os, ssl, sys, time
@@ -36,7 +42,8 @@ class Slow(http.server.SimpleHTTPRequestHandler):
         while chunk := source.read(16384):
             outputfile.write(chunk)
             outputfile.flush()
-            time.sleep(0.08)  # about 200 kB/s: a download lasts long enough to be cut
+            if os.path.exists("/certs/slow"):
+                time.sleep(0.08)  # about 200 kB/s: a download lasts long enough to be cut
 
     def log_message(self, format, *args):
         print(format % args, flush=True)
@@ -116,6 +123,10 @@ class IndexServer:
                  "-CAkey", str(c / "ca.key"), "-CAcreateserial", "-days", "1",
                  "-extfile", str(c / "ext.cnf"), "-out", str(c / "server.pem"))  # fmt: skip
 
+    def slow_down(self) -> None:
+        """From now on, serve at about 200 kB/s per download."""
+        (self.certs / "slow").touch()
+
     def logs(self) -> bytes:
         assert self.container is not None
         return bytes(self.container.logs())
@@ -160,6 +171,7 @@ def test_the_index_dying_mid_install_fails_cleanly_and_the_rerun_builds(
             "--index-url", url]  # fmt: skip
     locked = envbuild(*lock, env=env)
     assert locked.returncode == 0, locked.stderr[-3000:]
+    index_server.slow_down()
     before = index_server.logs().count(b".whl HTTP")
     since = time.time()
     process = start([*args, "--no-smoke"], env)
@@ -169,13 +181,15 @@ def test_the_index_dying_mid_install_fails_cleanly_and_the_rerun_builds(
 
     wait_for(installing, "the install to download from the index")
     index_server.kill()  # the index goes away in the middle of the install
-    code, stderr = finish_quietly(process, timeout=600)
+    code, stderr = finish_quietly(process, timeout=FAILURE_GUARD_S)
 
     assert code == 1, stderr[-3000:]
     assert "Traceback" not in stderr
     (result,) = json.loads(report.read_text())["results"]
     assert result["status"] == "failed"
     assert "build failed" in result["error"]
+    assert "uv could not download" in result["error"], result["error"]
+    assert f"from the package index at {origin(url)}" in result["error"], result["error"]
     assert scratch(process.pid) == []
     assert rows(tmp_path / "data", "built") == 0
     with pytest.raises(docker.errors.ImageNotFound):

@@ -30,3 +30,15 @@ def test_otherwise_the_last_output_goes_with_the_engines_message() -> None:
     lines = ["E: Unable to locate package nosuch", "a", "b", "c"]
     assert _build_error(SCRIPT, lines) == "a RUN step exited 1 (last output: a | b | c)"
     assert _build_error("no space left on device", []) == "no space left on device"
+
+
+def test_colour_codes_around_envbuilds_line_do_not_hide_it() -> None:
+    lines = [
+        "\x1b[31merror\x1b[0m: Request failed after 3 retries",
+        "\x1b[1m\x1b[31menvbuild install: uv could not download sympy==1.14.0 from the package index "
+        "at https://10.0.0.1:8443\x1b[0m",
+    ]
+    assert _build_error(SCRIPT, lines) == (
+        "envbuild install: uv could not download sympy==1.14.0 from the package index at "
+        "https://10.0.0.1:8443 (a RUN step exited 1)"
+    )

@@ -26,6 +26,7 @@ from envbuild.errors import BuildFailed
 from envbuild.interrupt import Terminated
 from envbuild.models import ServedInputs
 from envbuild.payload import install_env
+from envbuild.uv_resolve import uv_binary
 
 LOOPBACK = "127.0.0.1"
 CA = b"-----BEGIN CERTIFICATE-----\nthe team's CA\n-----END CERTIFICATE-----\n"
@@ -328,6 +329,150 @@ def test_index_urls_travel_in_uv_environment_never_on_its_command_line() -> None
     )
     assert "--no-index" in install_env.uv_command("uv", offline, serve_url, "/v", "/l")
     assert "UV_INDEX_URL" not in install_env.uv_environment(offline, {}, None)
+
+
+def test_uv_gives_up_on_a_dead_index_soon_and_waits_on_a_slow_download() -> None:
+    config = install_env.Config(
+        index_url="https://m.example/simple", extra_index_urls=(),
+        find_links=False, offline=False, ca_bundle=False,
+    )  # fmt: skip
+    caller = {"UV_HTTP_TIMEOUT": "1", "UV_HTTP_CONNECT_TIMEOUT": "900", "UV_HTTP_RETRIES": "50"}
+    env = install_env.uv_environment(config, caller, None)
+    connect, read = float(env["UV_HTTP_CONNECT_TIMEOUT"]), float(env["UV_HTTP_TIMEOUT"])
+    # A connect (TCP, TLS) gets seconds; a read gets half a minute without a byte, so a
+    # multi-GB wheel at a slow but steady rate never meets it.
+    assert 0 < connect < read
+    assert read >= 30
+    assert 1 <= int(env["UV_HTTP_RETRIES"]) <= 3
+
+
+SECRET_INDEX = "https://team:pw-1@mirror.example:8443/simple"
+SERVE = "http://172.17.0.1:4000/prefix/"
+
+
+def uv_failures() -> Iterator[tuple[str, list[str], str]]:
+    """uv's output for a failed request, as its versions print it (`cause:` or `Caused by:`,
+    coloured or not): (case, lines, where the line must point)."""
+    wheel = f"{SECRET_INDEX}/jinja2/jinja2-3.1.6-py3-none-any.whl"
+    served = f"{SERVE}wheels/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    cases = {
+        "wheel-connect": ("Failed to download `jinja2==3.1.6`", [
+            "Request failed after 3 retries in 44.9s", f"Failed to fetch: {wheel}",
+            f"error sending request for url ({wheel})", "client error (Connect)",
+            "tcp connect error", "deadline has elapsed"], "https://mirror.example:8443"),
+        "page-unreachable": (f"Failed to fetch: {SECRET_INDEX}/tqdm/", [
+            f"error sending request for url ({SECRET_INDEX}/tqdm/)", "client error (Connect)",
+            "tcp connect error", "No route to host (os error 113)"], "https://mirror.example:8443"),
+        "body-stalled": ("Request failed after 1 retry in 31.2s", [
+            f"Failed to fetch: {wheel}", "error decoding response body",
+            "operation timed out"], "https://mirror.example:8443"),
+        "wheelhouse": ("Failed to download `torch==2.13.0+cpu`", [
+            f"Failed to fetch: {served}", f"error sending request for url ({served})",
+            "connection closed before message completed"], "envbuild's build server"),
+    }  # fmt: skip
+    for style in ("cause", "Caused by"):
+        for coloured in (False, True):
+            paint = (lambda s: f"\x1b[1m\x1b[31m{s}\x1b[0m") if coloured else (lambda s: s)
+            for name, (error, causes, where) in cases.items():
+                lines = ["Using Python 3.11.2 environment at: /opt/venv", "Resolved 11 packages"]
+                lines.append(f"{paint('error')}: {error}")
+                lines += [f"  {paint(style)}: {cause}" for cause in causes]
+                yield f"{name}-{style}-{'colour' if coloured else 'plain'}", lines, where
+
+
+@pytest.mark.parametrize(
+    ("lines", "where"), [c[1:] for c in uv_failures()], ids=[c[0] for c in uv_failures()]
+)
+def test_a_failed_request_ends_as_one_line_naming_where_without_credentials(
+    lines: list[str], where: str
+) -> None:
+    line = install_env.network_failure(lines, SERVE)
+    assert line is not None
+    assert line.startswith("uv could not download ")
+    assert f"from {where}" in line if where.startswith("envbuild") else f"at {where} (" in line
+    assert lines[-1].split(": ", 1)[1] in line  # the innermost reason
+    assert "pw-1" not in line
+    assert "team" not in line
+    assert "/simple" not in line
+    assert "/prefix" not in line  # the build server's path stays out of the log's last line
+    assert line.isprintable()
+
+
+def test_an_install_that_failed_for_another_reason_keeps_uvs_own_words() -> None:
+    hash_mismatch = [
+        "error: Failed to download `torch==2.13.0`",
+        "  Caused by: Hash mismatch for `torch==2.13.0`",
+        "", "Expected:", f"  sha256:{'0' * 64}", "", "Computed:", f"  sha256:{'1' * 64}",
+    ]  # fmt: skip
+    for lines in (hash_mismatch, ["error: No virtual environment found"], []):
+        assert install_env.network_failure(lines, SERVE) is None
+
+
+def hostile_causes() -> list[str]:
+    return ["\x1b]0;title\x07\r" * 50, "x" * 100_000, "\u202e\u0000\ufffd" * 100, ""]
+
+
+@pytest.mark.parametrize("cause", hostile_causes(), ids=["escapes", "long", "controls", "empty"])
+def test_the_failure_line_stays_one_short_printable_line(cause: str) -> None:
+    lines = [f"error: Failed to fetch: {SECRET_INDEX}/tqdm/", f"  cause: {cause}"]
+    line = install_env.network_failure(lines, SERVE)
+    assert line is not None
+    assert line.isprintable()
+    assert len(line) < 1000
+
+
+def test_uvs_output_reaches_the_build_log_and_its_tail_is_kept(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    script = (
+        "import sys\n"
+        "for i in range(500): print(f'line {i}', file=sys.stderr)\n"
+        "sys.stderr.write('y' * 100_000)\n"
+        "sys.exit(4)\n"
+    )
+    code, tail = install_env.run_uv([sys.executable, "-c", script], dict(os.environ))
+    assert code == 4
+    assert len(tail) == install_env.UV_TAIL_LINES
+    assert all(len(line) <= install_env.MAX_LINE_BYTES for line in tail)
+    assert tail[0].startswith("line ")
+    assert tail[-1] == "y" * (100_000 % install_env.MAX_LINE_BYTES)
+    assert "line 0\n" in capfd.readouterr().err
+
+
+@pytest.fixture
+def silent_index() -> Iterator[str]:
+    """An index whose host takes the connection and then never says a word (not even TLS)."""
+    with socket.socket() as server:
+        server.bind((LOOPBACK, 0))
+        server.listen(16)
+        yield f"https://team:pw-1@{LOOPBACK}:{server.getsockname()[1]}/simple"
+
+
+def test_real_uv_gives_up_on_a_silent_index_at_the_connect_timeout(
+    tmp_path: Path, silent_index: str
+) -> None:
+    venv, lock = tmp_path / "venv", tmp_path / "envbuild.lock"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    lock.write_text(f"tqdm==4.66.0 --hash=sha256:{'0' * 64}\n")
+    config = install_env.Config(
+        index_url=silent_index, extra_index_urls=(), find_links=False, offline=False,
+        ca_bundle=False,
+    )  # fmt: skip
+    env = install_env.uv_environment(config, {"PATH": os.environ["PATH"]}, None)
+    env["UV_HTTP_TIMEOUT"] = "600"  # without the connect timeout, uv would wait this long
+    env["UV_HTTP_RETRIES"] = "0"  # one attempt: retries multiply the same wait
+    command = install_env.uv_command(uv_binary(), config, SERVE, str(venv), str(lock))
+    try:
+        result = subprocess.run(  # a hang guard far above the connect timeout
+            command, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("uv ignored UV_HTTP_CONNECT_TIMEOUT (uv >= 0.10 reads it)")
+    assert result.returncode != 0
+    line = install_env.network_failure(result.stderr.splitlines(), SERVE)
+    assert line is not None, result.stderr
+    assert f"from the package index at https://{LOOPBACK}:" in line
+    assert "pw-1" not in line
 
 
 # Records each call (one JSON line) and fails the lock's install with `code`: the seeding of the
