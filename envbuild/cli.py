@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from envbuild import __version__
+from envbuild.cli_bench import bench
 from envbuild.cli_lock import lock, locked_option, locks_for
 from envbuild.cli_maintenance import base, knowledge
 from envbuild.cli_options import (
@@ -464,6 +465,7 @@ def doctor(matrix_file: Path | None, as_json: bool) -> None:
         sys.exit(EXIT_NO_ENGINE)
 
 
+main.add_command(bench)
 main.add_command(knowledge)
 main.add_command(base)
 main.add_command(lock)

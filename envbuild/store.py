@@ -1,4 +1,4 @@
-"""The record of smoke results and publications, keyed by image id (SQLite in the user's data dir)."""
+"""The record of smoke results, publications and bench figures, keyed by image id (SQLite in the user's data dir)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ CREATE TABLE IF NOT EXISTS built (
     created TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS built_hash ON built (content_hash, created);
+CREATE TABLE IF NOT EXISTS bench (
+    image_id TEXT NOT NULL,
+    image_ref TEXT NOT NULL,
+    host TEXT NOT NULL,
+    result TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS bench_image ON bench (image_ref, host, created);
 """
 
 
@@ -204,6 +212,38 @@ class ResultStore:
         return [
             PublishedRecord(image_id=r[0], reference=r[1], digest=r[2], created=r[3]) for r in rows
         ]
+
+    def record_bench(self, host: str, result: dict[str, Any]) -> None:
+        """Keep one image's bench result (its entry in the bench document) for this host."""
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO bench VALUES (?, ?, ?, ?, ?)",
+                (
+                    str(result.get("image_id")),
+                    str(result.get("image")),
+                    host,
+                    json.dumps(result),
+                    _now(),
+                ),
+            )
+
+    def latest_bench(self, image_ref: str, host: str) -> dict[str, Any] | None:
+        """The newest bench result of this image reference on this host, or None; a damaged
+        record is skipped for the one before it."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT result FROM bench WHERE image_ref = ? AND host = ? "
+                "ORDER BY created DESC, rowid DESC LIMIT 20",
+                (image_ref, host),
+            ).fetchall()
+        for (text,) in rows:
+            try:
+                result = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(result, dict):
+                return result
+        return None
 
 
 def _now() -> str:

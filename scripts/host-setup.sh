@@ -17,6 +17,9 @@ command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+# A headless browser (and a font for its text) for the test that opens `bench --html`'s report.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if ((${#need_apt[@]})); then
   say "installing ${need_apt[*]}"
   apt-get update -qq

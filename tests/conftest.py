@@ -11,6 +11,7 @@ from envbuild.models import Knowledge
 from tests.docker_support import (  # noqa: F401 - fixtures, found by name
     base_image,
     ca_bundle,
+    cpu_matrix,
     docker_client,
     engine,
     isolated_data_dir,

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -190,3 +191,42 @@ def torch_cpu_build(
     result = envbuild(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads(report.read_text()), args
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuMatrix:
+    """The three-entry CPU matrix (torch, TensorFlow, JAX) as built once per session."""
+
+    result: subprocess.CompletedProcess[str]
+    report: Path
+    junit: Path
+    summary: Path
+
+    def images(self) -> dict[str, str]:
+        """framework -> the image reference the build tagged."""
+        results = json.loads(self.report.read_text())["results"]
+        return {r["entry"]["framework"]: r["entry"]["image"] for r in results}
+
+
+@pytest.fixture(scope="session")
+def cpu_matrix(
+    base_image: str,
+    ca_bundle: Path,
+    wheelhouse: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    torch_cpu_build: object,  # built first, so its own tests see it built; here it is found
+) -> CpuMatrix:
+    """Build examples/cpu.yaml two entries at a time (TensorFlow and JAX from PyPI through the CA
+    bundle, torch from the wheelhouse), with a JSON report, JUnit and a step summary."""
+    folder = tmp_path_factory.mktemp("cpu-matrix")
+    report, junit, summary = folder / "r.json", folder / "junit.xml", folder / "summary.md"
+    matrix = folder / "cpu.yaml"  # a copy: its locks are written beside it, not into the tree
+    shutil.copyfile(REPO / "matrices" / "examples" / "cpu.yaml", matrix)
+    result = envbuild(
+        "build", "-m", str(matrix), "--jobs", "2", "--keep-going",
+        "--base-image", base_image, "--ca-bundle", str(ca_bundle), "--wheelhouse", str(wheelhouse),
+        "--index-url", TEST_INDEX, "--repository", TEST_REPOSITORY,
+        "--report", str(report), "--junit", str(junit),
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )  # fmt: skip
+    return CpuMatrix(result=result, report=report, junit=junit, summary=summary)

@@ -51,6 +51,7 @@ class Run:
     files: tuple[str, ...]
     gpus: bool
     shm_size: str | None = None
+    environment: dict[str, str] | None = None
 
 
 def _normalize(ref: str) -> str:
@@ -221,6 +222,7 @@ class InMemoryEngine:
                     files=tuple(files or ()),
                     gpus=gpus,
                     shm_size=shm_size,
+                    environment=None if environment is None else dict(environment),
                 )
             )
         for key in (found.id, *found.tags):

@@ -7,37 +7,23 @@ all-reduce over 2 devices inside its own container.
 from __future__ import annotations
 
 import json
-import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import docker
 import pytest
 
-from tests.conftest import REPO
-from tests.docker_support import TEST_INDEX, TEST_REPOSITORY, envbuild
+from tests.docker_support import CpuMatrix
 
 pytestmark = pytest.mark.e2e
 
 
-def test_three_entries_two_at_a_time(
-    docker_client: docker.DockerClient,
-    base_image: str,
-    ca_bundle: Path,
-    wheelhouse: Path,
-    tmp_path: Path,
-    torch_cpu_build: object,  # built first, so its own tests see it built; here it is found
-) -> None:
-    report, junit, summary = tmp_path / "r.json", tmp_path / "junit.xml", tmp_path / "summary.md"
-    matrix = tmp_path / "cpu.yaml"  # a copy: its locks are written beside it, not into the tree
-    shutil.copyfile(REPO / "matrices" / "examples" / "cpu.yaml", matrix)
-    result = envbuild(
-        "build", "-m", str(matrix), "--jobs", "2", "--keep-going",
-        "--base-image", base_image, "--ca-bundle", str(ca_bundle), "--wheelhouse", str(wheelhouse),
-        "--index-url", TEST_INDEX, "--repository", TEST_REPOSITORY,
-        "--report", str(report), "--junit", str(junit),
-        env={"GITHUB_STEP_SUMMARY": str(summary)},
-    )  # fmt: skip
+def test_three_entries_two_at_a_time(cpu_matrix: CpuMatrix) -> None:
+    result, report, junit, summary = (
+        cpu_matrix.result,
+        cpu_matrix.report,
+        cpu_matrix.junit,
+        cpu_matrix.summary,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "shared OS + Python stage" in result.stderr
     results = {r["entry"]["framework"]: r for r in json.loads(report.read_text())["results"]}

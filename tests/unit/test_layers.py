@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "envbuild"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("labels", "atomic"),
     ("__init__", "models", "redact", "references", "resources", "interrupt", "http_limits"),
-    ("errors", "results"),
+    ("errors", "results", "bench_figures"),
     (
         "yamlfile",
         "credentials",
@@ -28,8 +28,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "build_server",
         "wheelhouse",
         "sbom",
+        "bench_advice",
+        "bench_report",
     ),
-    ("knowledge_schema", "versions"),
+    ("knowledge_schema", "versions", "bench_html"),
     ("knowledge_frameworks",),
     ("knowledge", "registry", "docker_engine", "base", "refresh"),
     ("gpu_compat", "uv_resolve"),
@@ -37,16 +39,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("matrix_file", "published"),
     ("matrix",),
     ("ci_matrix", "doctor", "build", "report"),
-    ("pipeline", "publish"),
+    ("pipeline", "publish", "bench"),
     ("progress", "cli_options"),
-    ("cli_maintenance", "cli_lock"),
+    ("cli_maintenance", "cli_lock", "cli_bench"),
     ("cli",),
     ("__main__",),
 )
 # The engine interface's factory imports its implementation lazily, inside connect().
 ALLOWED_UPWARD = {("engine", "docker_engine")}
 # Libraries that only one module may import: the rest of envbuild stays free of them.
-OWNED_LIBRARIES = {"docker": "docker_engine", "jinja2": "render"}
+OWNED_LIBRARIES = {"docker": "docker_engine", "jinja2": "render", "matplotlib": "bench_html"}
 
 
 def rank(module: str) -> int:
@@ -122,6 +124,6 @@ def test_owned_libraries_stay_in_their_module(module: str) -> None:
 )
 def test_payloads_import_only_the_stdlib_their_framework_and_the_harness(payload: Path) -> None:
     # They run inside images that hold Python, the framework and nothing of envbuild.
-    allowed = set(sys.stdlib_module_names) | {"torch", "tensorflow", "jax", "jaxlib", "numpy", "smoke_harness", "keras", "optax", "flax"}  # fmt: skip
+    allowed = set(sys.stdlib_module_names) | {"torch", "tensorflow", "jax", "jaxlib", "numpy", "smoke_harness", "bench_harness", "torch_smoke", "tensorflow_smoke", "jax_smoke", "keras", "optax", "flax"}  # fmt: skip
     foreign = sorted(n for n in imports(payload) if n.split(".")[0] not in allowed)
     assert foreign == []

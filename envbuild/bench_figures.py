@@ -1,0 +1,274 @@
+"""The figures of a bench document, each with its JSON pointer: what tables, advice and
+comparisons read, so that each of them names figures the same way and cites where they are."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Bounds on what is read from a document (a --compare file is hostile input).
+MAX_IMAGES = 32
+MAX_ITEMS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One measured figure of one image: a median with its spread, where it is in the document."""
+
+    key: str  # stable name across runs: "throughput conv bf16"
+    label: str  # for people: "conv bf16"
+    unit: str
+    median: float
+    spread: float | None  # half the range over the median
+    path: str  # JSON pointer to the median: /images/0/bench/throughput/results/1/median
+    higher_is_better: bool = True
+
+
+def pointer(doc: Any, path: str) -> Any:
+    """The value at a JSON pointer (RFC 6901) in ``doc``; KeyError when there is none."""
+    node = doc
+    for raw in path.split("/")[1:]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list):
+            if not token.isdigit() or int(token) >= len(node):
+                raise KeyError(path)
+            node = node[int(token)]
+        elif isinstance(node, dict) and token in node:
+            node = node[token]
+        else:
+            raise KeyError(path)
+    return node
+
+
+def number(value: Any) -> float | None:
+    """A finite float from a document value, else None (bools and strings are not figures)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _part(run: dict[str, Any], name: str) -> dict[str, Any]:
+    bench = run.get("bench")
+    part = bench.get(name) if isinstance(bench, dict) else None
+    return part if isinstance(part, dict) else {}
+
+
+def _items(part: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
+    items = part.get(key)
+    if not isinstance(items, list):
+        return []
+    return [(i, item) for i, item in enumerate(items[:MAX_ITEMS]) if isinstance(item, dict)]
+
+
+def _figure(
+    item: dict[str, Any],
+    base: str,
+    *,
+    key: str,
+    label: str,
+    higher: bool = True,
+    value: str = "median",
+) -> Figure | None:
+    median = number(item.get(value))
+    if median is None:
+        return None
+    spread = number(item.get("spread")) if value == "median" else None
+    return Figure(
+        key=key,
+        label=label,
+        unit=str(item.get("unit") or ""),
+        median=median,
+        spread=spread,
+        path=f"{base}/{value}",
+        higher_is_better=higher,
+    )
+
+
+def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
+    """Every figure of image ``index`` of the document, in a stable order."""
+    images = doc.get("images")
+    if not isinstance(images, list) or not 0 <= index < min(len(images), MAX_IMAGES):
+        return []
+    run = images[index]
+    if not isinstance(run, dict):
+        return []
+    root = f"/images/{index}/bench"
+    found: list[Figure | None] = []
+    for i, item in _items(_part(run, "throughput"), "results"):
+        model, precision = str(item.get("model")), str(item.get("precision"))
+        found.append(
+            _figure(
+                item, f"{root}/throughput/results/{i}",
+                key=f"throughput {model} {precision}", label=f"{model} {precision}",
+            )
+        )  # fmt: skip
+    for i, item in _items(_part(run, "compile"), "results"):
+        model = str(item.get("model"))
+        for side in ("eager", "compiled"):
+            inner = item.get(side)
+            if isinstance(inner, dict):
+                found.append(
+                    _figure(
+                        inner, f"{root}/compile/results/{i}/{side}",
+                        key=f"compile {model} {side}", label=f"{model} {side}",
+                    )
+                )  # fmt: skip
+        seconds = number(item.get("compile_seconds"))
+        if seconds is not None:
+            found.append(
+                Figure(
+                    key=f"compile {model} compile seconds", label=f"{model} compiling",
+                    unit="s", median=seconds, spread=None,
+                    path=f"{root}/compile/results/{i}/compile_seconds", higher_is_better=False,
+                )
+            )  # fmt: skip
+    for i, sweep in _items(_part(run, "batch"), "sweeps"):
+        model, precision = str(sweep.get("model")), str(sweep.get("precision"))
+        best = best_point(sweep)
+        if best is not None:
+            j, point = best
+            found.append(
+                _figure(
+                    point, f"{root}/batch/sweeps/{i}/points/{j}",
+                    key=f"batch {model} {precision} best", label=f"{model} {precision} best (batch {point.get('batch')})",
+                )
+            )  # fmt: skip
+        largest = number(sweep.get("largest_fit"))
+        if largest is not None:
+            found.append(
+                Figure(
+                    key=f"batch {model} {precision} largest", label=f"{model} {precision} largest batch",
+                    unit="samples", median=largest, spread=None,
+                    path=f"{root}/batch/sweeps/{i}/largest_fit",
+                )
+            )  # fmt: skip
+    loader = _part(run, "loader")
+    step = loader.get("step")
+    if isinstance(step, dict):
+        found.append(_figure(step, f"{root}/loader/step", key="loader step", label="step consumes"))
+    for i, point in _items(loader, "points"):
+        workers = point.get("workers")
+        found.append(
+            _figure(
+                point, f"{root}/loader/points/{i}",
+                key=f"loader {workers} workers", label=f"loader, {workers} workers",
+            )
+        )  # fmt: skip
+    for i, point in _items(_part(run, "allreduce"), "points"):
+        size = number(point.get("bytes"))
+        busbw = point.get("busbw")
+        if size is None or not isinstance(busbw, dict):
+            continue
+        found.append(
+            _figure(
+                busbw, f"{root}/allreduce/points/{i}/busbw",
+                key=f"allreduce busbw {int(size)}", label=f"busbw {size_text(size)}",
+            )
+        )  # fmt: skip
+    return [f for f in found if f is not None]
+
+
+def best_point(sweep: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The point of a batch sweep with the highest median throughput, with its index."""
+    best: tuple[int, dict[str, Any]] | None = None
+    for j, point in _items(sweep, "points"):
+        median = number(point.get("median"))
+        if median is None:
+            continue
+        if best is None or median > (number(best[1].get("median")) or 0.0):
+            best = (j, point)
+    return best
+
+
+def size_text(size: float) -> str:
+    """Bytes as nccl-tests prints message sizes: 8 B, 32 KiB, 256 MiB."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:g} {unit}"
+        value /= 1024
+    return f"{value:g} GiB"
+
+
+def fmt(value: float) -> str:
+    """A figure as advice and tables print it: 3 significant digits, thousands kept whole."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+# --------------------------------------------------------------------------
+# comparing two runs
+
+# A figure without a measured spread (compile seconds, the largest batch) is a regression when
+# it is worse by more than this; a measured one when it is worse by more than both spreads.
+FLAT_TOLERANCE = 0.10
+MIN_TOLERANCE = 0.02
+
+
+def _list_of(value: Any) -> list[Any]:
+    return value[:MAX_IMAGES] if isinstance(value, list) else []
+
+
+def _match(run: dict[str, Any], previous: list[dict[str, Any]]) -> int | None:
+    """The index of the previous run of the same image: same reference, else same image id."""
+    for key in ("image", "image_id"):
+        for i, old in enumerate(previous[:MAX_IMAGES]):
+            if isinstance(old, dict) and old.get(key) and old.get(key) == run.get(key):
+                return i
+    return None
+
+
+def compare_documents(
+    doc: dict[str, Any], previous: dict[str, Any], *, against: str
+) -> dict[str, Any]:
+    """Each figure of ``doc`` beside the same figure in ``previous`` (same image, same key): the
+    change, and whether it is a regression beyond the measured spreads."""
+    rows: list[dict[str, Any]] = []
+    unmatched: list[str] = []
+    images = _list_of(doc.get("images"))
+    old_images = _list_of(previous.get("images"))
+    for index, run in enumerate(images[:MAX_IMAGES]):
+        if not isinstance(run, dict):
+            continue
+        old_index = _match(run, old_images)
+        if old_index is None:
+            unmatched.append(str(run.get("image")))
+            continue
+        old = {f.key: f for f in image_figures(previous, old_index)}
+        for figure in image_figures(doc, index):
+            before = old.get(figure.key)
+            if before is None or before.median == 0:
+                continue
+            change = figure.median / before.median - 1.0
+            worse = -change if figure.higher_is_better else change
+            if figure.spread is None or before.spread is None:
+                tolerance = FLAT_TOLERANCE
+            else:
+                tolerance = max(MIN_TOLERANCE, figure.spread + before.spread)
+            rows.append(
+                {
+                    "image": run.get("image"),
+                    "figure": figure.key,
+                    "unit": figure.unit,
+                    "before": before.median,
+                    "after": figure.median,
+                    "change": change,
+                    "spread": tolerance,
+                    "regression": worse > tolerance,
+                    "rebuilt": old_images[old_index].get("image_id") != run.get("image_id"),
+                }
+            )
+    return {"against": against, "rows": rows, "unmatched": unmatched}
+
+
+def display_name(key: str) -> str:
+    """A figure's key as tables show it: message sizes in B/KiB/MiB (the key keeps bytes)."""
+    head, _, size = key.rpartition(" ")
+    if head == "allreduce busbw" and size.isdigit():
+        return f"{head} {size_text(int(size))}"
+    return key
