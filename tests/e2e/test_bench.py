@@ -54,7 +54,9 @@ def test_three_frameworks_side_by_side_with_json_html_advice_and_history(
         for figure in measured:
             assert len(figure["samples"]) >= 3
             assert figure["min"] <= figure["median"] <= figure["max"]
-        assert any(r.get("compiled") for r in bench["compile"]["results"]), run["image"]
+        # A short budget may not fit torch.compile on 2 cores (~20 s): then it says so.
+        compiled = any(r.get("compiled") for r in bench["compile"]["results"])
+        assert compiled or any(s.startswith("compile: ") for s in run["skipped"]), run["image"]
         assert any(s["points"] for s in bench["batch"]["sweeps"]), run["image"]
         assert bench["loader"]["step"]["median"] > 0
         assert [p["workers"] for p in bench["loader"]["points"]][:2] == [0, 1]
