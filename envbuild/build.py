@@ -24,7 +24,9 @@ from envbuild.models import (
     Entry,
     Knowledge,
     Lock,
+    ProxySettings,
 )
+from envbuild.proxy import with_direct
 from envbuild.redact import redact
 from envbuild.render import render_entry, write_context
 from envbuild.store import ResultStore
@@ -118,8 +120,12 @@ def build_entry(
     store: ResultStore,
     on_line: Callable[[str], None] = lambda line: None,
     no_cache: bool = False,
+    proxy: ProxySettings | None = None,
 ) -> BuiltImage:
-    """Build one rendered entry, or find the image envbuild built for its content hash; tag it."""
+    """Build one rendered entry, or find the image envbuild built for its content hash; tag it.
+
+    `proxy` reaches the RUN steps as Docker's predefined proxy arguments, with the build
+    server's address in NO_PROXY; an --offline build gets none (it has no route off the host)."""
     entry = context.entry
     start = time.monotonic()
     existing = None if no_cache else _built_before(engine, store, context)
@@ -165,7 +171,8 @@ def build_entry(
         try:
             # The server lives exactly as long as the build: its URL, kept in the image
             # history by the classic builder, names a closed port afterwards.
-            with serve_build(engine.bridge_gateway(network=network), context.served) as url:
+            gateway = engine.bridge_gateway(network=network)
+            with serve_build(gateway, context.served) as url:
                 image_id = engine.build(
                     Path(tmp),
                     tag=entry.image,
@@ -174,6 +181,11 @@ def build_entry(
                     on_line=record,
                     network=network,
                     no_cache=no_cache,
+                    proxy=(
+                        with_direct(proxy, gateway)
+                        if proxy is not None and not proxy.empty and network
+                        else None
+                    ),
                 )
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"

@@ -26,6 +26,7 @@ from envbuild.cli_options import (
     fleet_option,
     package_options,
     plan_from,
+    proxy_option,
     reports_errors,
     selectors,
 )
@@ -194,6 +195,7 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
 )
 @fleet_option
 @reports_errors
+@proxy_option
 def build(
     no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
     junit_file: Path | None, push_registry: str | None, no_cache: bool, locked: bool,
@@ -309,6 +311,7 @@ def _publish_items(
 )
 @fleet_option
 @reports_errors
+@proxy_option
 def publish(
     images: tuple[str, ...], registry: str, report_file: Path | None,
     fleet_gpus: tuple[str, ...], **kwargs: Any,
@@ -350,6 +353,7 @@ def publish(
 @click.argument("reference")
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
 @reports_errors
+@proxy_option
 def verify(reference: str, as_json: bool) -> None:
     """Fetch the smoke report published next to REFERENCE and check it belongs to that image.
 

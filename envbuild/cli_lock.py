@@ -17,6 +17,7 @@ from envbuild.cli_options import (
     fetch_options,
     package_options,
     plan_from,
+    proxy_option,
     reports_errors,
     selectors,
 )
@@ -131,6 +132,7 @@ def update_lines(update: LockUpdate) -> list[str]:
     help="Entries resolved at the same time.",
 )
 @reports_errors
+@proxy_option
 def lock(upgrade: bool, check: bool, jobs: int, **kwargs: Any) -> None:
     """Resolve every selected entry with its packages (uv, hashes) and write its lock.
 

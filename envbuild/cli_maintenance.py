@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from envbuild.cli_options import reports_errors
+from envbuild.cli_options import proxy_option, reports_errors
 from envbuild.errors import EXIT_FAILED
 
 
@@ -30,6 +30,7 @@ def knowledge() -> None:
     "--check", is_flag=True, help="Change nothing; exit 1 if the shipped facts disagree with PyPI."
 )
 @reports_errors
+@proxy_option
 def knowledge_refresh(frameworks: tuple[str, ...], check: bool) -> None:
     """Read what a plain `pip install` of each release pulls from PyPI; update the facts, show the diff."""
     from envbuild.refresh import FRAMEWORK_PACKAGES, refresh

@@ -278,11 +278,13 @@ def fleet_from(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) 
 
 def build_options_from(kwargs: dict[str, Any]) -> Any:
     """The fetch options, checked (each error names its option) and with links resolved."""
-    from envbuild.models import BuildOptions
+    from envbuild.models import BuildOptions, ProxySettings
+    from envbuild.proxy import selected
     from envbuild.redact import register_url
     from envbuild.render import check_options
 
     options = BuildOptions(
+        proxy=selected() or ProxySettings(),  # what proxy_option chose; none for render/plan
         base_image=kwargs.pop("base_image", None),
         ca_bundle=kwargs.pop("ca_bundle", None),
         wheelhouse=kwargs.pop("wheelhouse", None),
@@ -322,3 +324,26 @@ def fetch_options(func: F) -> F:
     for option in options:
         func = option(func)
     return func
+
+
+def proxy_option(func: F) -> F:
+    """`--proxy URL`; the command runs with envbuild.proxy.current() set to the chosen proxy
+    (--proxy, else the environment, else Docker's config). Goes below @reports_errors, so that
+    a bad proxy is one line and exit 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, proxy: str | None = None, **kwargs: Any) -> Any:
+        from envbuild.proxy import chosen, settings_from_environment
+
+        with chosen(settings_from_environment(proxy)):
+            return func(*args, **kwargs)
+
+    return click.option(
+        "--proxy",
+        metavar="URL",
+        help=(
+            "HTTP(S) proxy for envbuild and the build's RUN steps, "
+            "http://[user:password@]host:port [default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY, "
+            "else Docker's config proxies.default]."
+        ),
+    )(wrapper)  # type: ignore[return-value]

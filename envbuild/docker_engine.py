@@ -23,7 +23,7 @@ from envbuild.engine import EngineInfo, ImageInfo, RunResult
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
 from envbuild.interrupt import RUN_LABEL, run_id
 from envbuild.labels import INSTALL_STAGE, STAGE
-from envbuild.models import BaseProbe
+from envbuild.models import BaseProbe, ProxySettings
 from envbuild.references import split_tag
 
 log = logging.getLogger(__name__)
@@ -113,8 +113,12 @@ class DockerEngine:
         network: bool = True,
         target: str | None = None,
         no_cache: bool = False,
+        proxy: ProxySettings | None = None,
     ) -> str:
         """Build with the classic builder, streaming every output line; return the image id."""
+        # Docker's predefined proxy arguments: no ARG needed, kept out of `docker history`
+        # and of the cache key (docs.docker.com/build/building/variables/#predefined-build-args).
+        build_args = {**(proxy.environment() if proxy is not None else {}), **build_args}
         image_id: str | None = None
         last_lines: list[str] = []
         try:

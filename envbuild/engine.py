@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from envbuild.models import BaseProbe
+from envbuild.models import BaseProbe, ProxySettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,11 +75,14 @@ class Engine(Protocol):
         network: bool = True,
         target: str | None = None,
         no_cache: bool = False,
+        proxy: ProxySettings | None = None,
     ) -> str:
         """Build the context, streaming every output line; return the image id (BuildFailed).
 
         network=False: the RUN steps reach the host (`bridge_gateway(network=False)`) and
-        nothing beyond it."""
+        nothing beyond it. `proxy`: passed as Docker's predefined proxy build arguments
+        (HTTP_PROXY, HTTPS_PROXY, NO_PROXY and lowercase), which the RUN steps see and which
+        stay out of the history and the cache key."""
         ...
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:

@@ -252,6 +252,32 @@ class Plan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProxySettings:
+    """The HTTP(S) proxy envbuild and its builds use (envbuild.proxy chooses it); empty: none.
+
+    The URLs may hold the proxy's password: kept out of reprs, registered with the redactor."""
+
+    http: str | None = field(default=None, repr=False)
+    https: str | None = field(default=None, repr=False)
+    no_proxy: tuple[str, ...] = ()  # hosts, .domains, IPs, host:port, or "*"
+
+    @property
+    def empty(self) -> bool:
+        """True when no proxy is set."""
+        return self.http is None and self.https is None
+
+    def environment(self) -> dict[str, str]:
+        """The variables curl, apt, pip and uv read, in both cases (empty when no proxy)."""
+        if self.empty:
+            return {}
+        found = {"HTTP_PROXY": self.http, "HTTPS_PROXY": self.https}
+        if self.no_proxy:
+            found["NO_PROXY"] = ",".join(self.no_proxy)
+        env = {k: v for k, v in found.items() if v is not None}
+        return {**env, **{k.lower(): v for k, v in env.items()}}
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuildOptions:
     """How to fetch what a build needs; none of it may end up in the image."""
 
@@ -261,6 +287,9 @@ class BuildOptions:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     offline: bool = False
+    # Used by the host (uv, the registry client) and passed to builds as Docker's predefined
+    # proxy arguments, which stay out of the history and the cache key.
+    proxy: ProxySettings = field(default_factory=ProxySettings, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)

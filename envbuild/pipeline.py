@@ -17,7 +17,16 @@ from envbuild.engine import Engine
 from envbuild.engine import connect as connect_engine
 from envbuild.errors import EnvbuildError
 from envbuild.interrupt import remove_scratch, run_id, scratch_prefix
-from envbuild.models import BaseProbe, BuildContext, BuildOptions, Entry, Gpu, Knowledge, Lock
+from envbuild.models import (
+    BaseProbe,
+    BuildContext,
+    BuildOptions,
+    Entry,
+    Gpu,
+    Knowledge,
+    Lock,
+    ProxySettings,
+)
 from envbuild.published import entry_target, published_already
 from envbuild.redact import register_url
 from envbuild.registry import RegistryClient
@@ -51,7 +60,10 @@ class RunOptions:
 
 
 def build_shared_stages(
-    engine: Engine, contexts: list[BuildContext], on_event: Callable[[Event], None]
+    engine: Engine,
+    contexts: list[BuildContext],
+    on_event: Callable[[Event], None],
+    proxy: ProxySettings | None = None,
 ) -> int:
     """Build each OS + Python stage that several entries share once, so that parallel builds
     find it in the layer cache instead of each building it; return how many were built."""
@@ -78,6 +90,7 @@ def build_shared_stages(
                 on_line=lambda line: None,
                 network=not sharing[0].offline,
                 target="runtime",
+                proxy=None if sharing[0].offline else proxy,  # its apt-get may need it
             )
         built += 1
     return built
@@ -109,7 +122,9 @@ def run_entries(
     contexts = [
         prepare(engine, knowledge, entry, options, probes, resolved[entry.id]) for entry in entries
     ]
-    done = published_entries(run.push_registry, contexts) if run.push_registry else {}
+    done = (
+        published_entries(run.push_registry, contexts, options.proxy) if run.push_registry else {}
+    )
     for context in contexts:
         entry_id = context.entry.id
         found = done.get(entry_id)
@@ -120,7 +135,7 @@ def run_entries(
             on_event(Event(entry_id=entry_id, state="published", detail=detail))
     todo = [c for c in contexts if c.entry.id not in done]
     if run.jobs > 1 and not run.no_cache:
-        build_shared_stages(engine, todo, on_event)
+        build_shared_stages(engine, todo, on_event, options.proxy)
     stop = threading.Event()
     local = threading.local()
 
@@ -143,7 +158,7 @@ def run_entries(
                 error="not built: an earlier entry failed (use --keep-going to build the rest)",
             )  # fmt: skip
         try:
-            result = _build_and_smoke(thread_engine(), context, run, store, on_event)
+            result = _build_and_smoke(thread_engine(), context, run, store, on_event, options.proxy)
         except EnvbuildError as exc:
             result = EntryResult(entry=entry, image=None, smoke=None, error=exc.message)
         result = dataclasses.replace(result, seconds=time.monotonic() - start)
@@ -170,7 +185,9 @@ def run_entries(
     return results
 
 
-def published_entries(registry: str, contexts: list[BuildContext]) -> dict[str, str]:
+def published_entries(
+    registry: str, contexts: list[BuildContext], proxy: ProxySettings | None = None
+) -> dict[str, str]:
     """Entry id → the reference@digest under which the registry already holds its image,
     vetted (immutable tag `<tag>-<content hash>` with passing evidence): those need no build.
     Asked before anything is built, so an unreachable registry stops the run at once."""
@@ -180,7 +197,7 @@ def published_entries(registry: str, contexts: list[BuildContext]) -> dict[str, 
         for context in contexts:
             where = entry_target(registry, context.entry.image, context.content_hash)
             if where.host not in clients:
-                clients[where.host] = RegistryClient.for_host(where.host)
+                clients[where.host] = RegistryClient.for_host(where.host, proxy=proxy)
             vetted = published_already(clients[where.host], where)
             if vetted is not None:
                 found[context.entry.id] = f"{where.reference}@{vetted.digest}"
@@ -205,6 +222,7 @@ def _build_and_smoke(
     run: RunOptions,
     store: ResultStore,
     on_event: Callable[[Event], None],
+    proxy: ProxySettings | None = None,
 ) -> EntryResult:
     entry = context.entry
     on_event(Event(entry_id=entry.id, state="building"))
@@ -213,7 +231,9 @@ def _build_and_smoke(
         if text.startswith("Step "):
             on_event(Event(entry_id=entry.id, state="step", detail=text.split(" :", 1)[0][5:]))
 
-    built = build_entry(engine, context, store=store, on_line=line, no_cache=run.no_cache)
+    built = build_entry(
+        engine, context, store=store, on_line=line, no_cache=run.no_cache, proxy=proxy
+    )
     if not built.built:
         detail = "same content hash exists: not rebuilt"
         if built.tag_restored_from is not None:

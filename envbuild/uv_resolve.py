@@ -123,6 +123,12 @@ def _uv_environment(entry: Entry, options: BuildOptions) -> dict[str, str]:
     # UV_* settings are left out, bar a few that cannot change the result, so that the lock
     # depends on envbuild's inputs alone.
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in _UV_KEPT}
+    if not options.proxy.empty:
+        # The chosen proxy (--proxy, the environment or Docker's config), in both cases: uv
+        # would otherwise prefer a variable the choice overrode.
+        proxy_names = {"http_proxy", "https_proxy", "no_proxy", "all_proxy"}
+        env = {k: v for k, v in env.items() if k.lower() not in proxy_names}
+        env.update(options.proxy.environment())
     env["NO_COLOR"] = "1"
     if options.index_url is not None:
         env["UV_INDEX_URL"] = options.index_url

@@ -16,7 +16,7 @@ from typing import IO
 
 from envbuild.engine import EngineInfo, ImageInfo, RunResult
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
-from envbuild.models import BaseProbe
+from envbuild.models import BaseProbe, ProxySettings
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Build:
     network: bool
     target: str | None
     no_cache: bool
+    proxy: ProxySettings | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +146,7 @@ class InMemoryEngine:
         network: bool = True,
         target: str | None = None,
         no_cache: bool = False,
+        proxy: ProxySettings | None = None,
     ) -> str:
         dockerfile = (context_dir / "Dockerfile").read_text(encoding="utf-8")
         files = tuple(sorted(str(p.relative_to(context_dir)) for p in context_dir.rglob("*")))
@@ -153,6 +155,7 @@ class InMemoryEngine:
                 Build(
                     dockerfile=dockerfile, files=files, tag=tag, labels=dict(labels),
                     build_args=dict(build_args), network=network, target=target, no_cache=no_cache,
+                    proxy=proxy,
                 )
             )  # fmt: skip
             number = len(self.builds)

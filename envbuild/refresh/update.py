@@ -11,6 +11,7 @@ import requests
 import yaml
 
 from envbuild.errors import BadInput, EnvbuildError, MatrixError
+from envbuild.proxy import current, route_session
 from envbuild.refresh.facts import fetch_release_facts
 from envbuild.refresh.pypi import PypiClient
 from envbuild.refresh.yaml_edit import apply_facts, safe_version
@@ -93,6 +94,7 @@ def refresh(
     oldest = listed[0] if listed else None  # older releases than the file holds stay out
     if client is None:
         with requests.Session() as session:
+            route_session(session, current())  # --proxy, else the environment's, else Docker's
             facts = fetch_release_facts(PypiClient(session), package, oldest=oldest)
     else:
         facts = fetch_release_facts(client, package, oldest=oldest)

@@ -35,6 +35,8 @@ from envbuild.http_limits import (
     watched,
     watched_session,
 )
+from envbuild.models import ProxySettings
+from envbuild.proxy import current, loopback_direct, route_session
 from envbuild.registry.auth import RegistryAuth
 from envbuild.registry.content import json_or_none
 from envbuild.registry.errors import (
@@ -119,15 +121,26 @@ class RegistryConnection:
         self._operation: Deadline | None = None
 
     @classmethod
-    def for_host(cls, host: str, *, session: requests.Session | None = None) -> Self:
-        """A client for `host` with the credentials lookup_credentials finds and the deadline
-        ENVBUILD_REGISTRY_TIMEOUT sets."""
-        return cls(
+    def for_host(
+        cls,
+        host: str,
+        *,
+        session: requests.Session | None = None,
+        proxy: ProxySettings | None = None,
+    ) -> Self:
+        """A client for `host` with the credentials lookup_credentials finds, the deadline
+        ENVBUILD_REGISTRY_TIMEOUT sets and the proxy `proxy` (default: envbuild.proxy.current(),
+        the CLI's --proxy, the environment or Docker's config); a loopback host goes direct."""
+        client = cls(
             host,
             credentials=lookup_credentials(host),
             session=session,
             deadline=deadline_from_env(),
         )
+        if client._owns_session:
+            chosen = current() if proxy is None else proxy
+            route_session(client.session, loopback_direct(chosen, host))
+        return client
 
     def __repr__(self) -> str:
         return (

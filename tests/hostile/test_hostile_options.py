@@ -118,6 +118,17 @@ def url_values() -> Iterator[str]:
                 f"htps//user:{SECRET}@host/\n")  # fmt: skip
 
 
+def proxy_values() -> Iterator[str]:
+    base = f"http://user:{SECRET}@proxy.example:3128"
+    for brk in (*BREAKS, " ", "\t"):
+        yield f"{base}{brk}{PAYLOAD}"
+    yield from ("", "proxy.example:3128", f"user:{SECRET}@proxy.example:3128", "http://",
+                f"ftp://user:{SECRET}@proxy.example/", f"socks5://user:{SECRET}@proxy.example",
+                f"http://user:{SECRET}@", f"http://user:{SECRET}@pr\u00f6xy.example:3128",
+                f"{base}/path", f"http://user:{SECRET}@proxy.example:99999",
+                f"http://user:{SECRET}/x@proxy.example", f"{base}0" + "0" * 10_240)  # fmt: skip
+
+
 def corpus() -> Iterator[tuple[str, tuple[str, ...], str]]:
     """(command, arguments, the option the error must name) for every hostile value."""
     for value in repository_values():
@@ -134,6 +145,8 @@ def corpus() -> Iterator[tuple[str, tuple[str, ...], str]]:
         yield "render", (f"--base-image={value}",), "--base-image"
     for option, value in itertools.product(("--index-url", "--extra-index-url"), url_values()):
         yield "render", (f"{option}={value}",), option
+    for value in proxy_values():  # refused before the engine or the network is asked
+        yield "build", (f"--proxy={value}", "--no-smoke", *ONE_ENTRY), "--proxy"
 
 
 CORPUS = list(corpus())
@@ -143,7 +156,7 @@ def test_the_corpus_is_large_and_varied() -> None:
     assert len(CORPUS) >= 80
     assert {option for _, _, option in CORPUS} >= {
         "--repository", "--cuda", "--gpu", "--driver", "--base-image", "--index-url",
-        "--extra-index-url",
+        "--extra-index-url", "--proxy",
     }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "yamlfile",
         "credentials",
+        "proxy",
         "store",
         "engine",
         "packages",
