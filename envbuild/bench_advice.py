@@ -12,7 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.bench_figures import MAX_IMAGES, best_point, fmt, number, size_text
+from envbuild.bench_figures import bench_part as _part
+from envbuild.bench_figures import best_point, fmt, number, size_text
+from envbuild.bench_figures import dict_items as _list
+from envbuild.bench_figures import image_runs as _images
 
 # A ratio this close to 1, or within the figures' own spreads, is "alike", not a speed-up.
 MIN_EFFECT = 0.10
@@ -47,26 +50,6 @@ class Advice:
 def shown(path: str, value: float) -> str:
     """How an advice line prints a cited figure: bytes in GB, everything else as fmt does."""
     return _gb(value) if path.endswith("_bytes") else fmt(value)
-
-
-def _images(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    images = doc.get("images")
-    if not isinstance(images, list):
-        return []
-    return [run if isinstance(run, dict) else {} for run in images[:MAX_IMAGES]]
-
-
-def _part(run: dict[str, Any], name: str) -> dict[str, Any]:
-    bench = run.get("bench")
-    part = bench.get(name) if isinstance(bench, dict) else None
-    return part if isinstance(part, dict) else {}
-
-
-def _list(part: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
-    items = part.get(key)
-    if not isinstance(items, list):
-        return []
-    return [(i, item) for i, item in enumerate(items[:64]) if isinstance(item, dict)]
 
 
 def _spread(item: dict[str, Any]) -> float:

@@ -49,13 +49,23 @@ def number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _part(run: dict[str, Any], name: str) -> dict[str, Any]:
+def image_runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's images (at most MAX_IMAGES), each a dict ({} for one that is not)."""
+    images = doc.get("images")
+    if not isinstance(images, list):
+        return []
+    return [run if isinstance(run, dict) else {} for run in images[:MAX_IMAGES]]
+
+
+def bench_part(run: dict[str, Any], name: str) -> dict[str, Any]:
+    """A part of an image's payload document ({} when it is missing or not a dict)."""
     bench = run.get("bench")
     part = bench.get(name) if isinstance(bench, dict) else None
     return part if isinstance(part, dict) else {}
 
 
-def _items(part: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
+def dict_items(part: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
+    """(index, item) of the dicts in a part's list (at most MAX_ITEMS)."""
     items = part.get(key)
     if not isinstance(items, list):
         return []
@@ -96,7 +106,7 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
         return []
     root = f"/images/{index}/bench"
     found: list[Figure | None] = []
-    for i, item in _items(_part(run, "throughput"), "results"):
+    for i, item in dict_items(bench_part(run, "throughput"), "results"):
         model, precision = str(item.get("model")), str(item.get("precision"))
         found.append(
             _figure(
@@ -104,7 +114,7 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
                 key=f"throughput {model} {precision}", label=f"{model} {precision}",
             )
         )  # fmt: skip
-    for i, item in _items(_part(run, "compile"), "results"):
+    for i, item in dict_items(bench_part(run, "compile"), "results"):
         model = str(item.get("model"))
         for side in ("eager", "compiled"):
             inner = item.get(side)
@@ -124,7 +134,7 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
                     path=f"{root}/compile/results/{i}/compile_seconds", higher_is_better=False,
                 )
             )  # fmt: skip
-    for i, sweep in _items(_part(run, "batch"), "sweeps"):
+    for i, sweep in dict_items(bench_part(run, "batch"), "sweeps"):
         model, precision = str(sweep.get("model")), str(sweep.get("precision"))
         best = best_point(sweep)
         if best is not None:
@@ -144,11 +154,11 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
                     path=f"{root}/batch/sweeps/{i}/largest_fit",
                 )
             )  # fmt: skip
-    loader = _part(run, "loader")
+    loader = bench_part(run, "loader")
     step = loader.get("step")
     if isinstance(step, dict):
         found.append(_figure(step, f"{root}/loader/step", key="loader step", label="step consumes"))
-    for i, point in _items(loader, "points"):
+    for i, point in dict_items(loader, "points"):
         workers = point.get("workers")
         found.append(
             _figure(
@@ -156,7 +166,7 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
                 key=f"loader {workers} workers", label=f"loader, {workers} workers",
             )
         )  # fmt: skip
-    for i, point in _items(_part(run, "allreduce"), "points"):
+    for i, point in dict_items(bench_part(run, "allreduce"), "points"):
         size = number(point.get("bytes"))
         busbw = point.get("busbw")
         if size is None or not isinstance(busbw, dict):
@@ -173,7 +183,7 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
 def best_point(sweep: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """The point of a batch sweep with the highest median throughput, with its index."""
     best: tuple[int, dict[str, Any]] | None = None
-    for j, point in _items(sweep, "points"):
+    for j, point in dict_items(sweep, "points"):
         median = number(point.get("median"))
         if median is None:
             continue

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from envbuild.bench_figures import MAX_IMAGES, Figure, display_name, fmt, image_figures
+from envbuild.bench_figures import Figure, display_name, fmt, image_figures
+from envbuild.bench_figures import image_runs as _images
 
 _UNITS = {"samples/s": "samples/s", "batches/s": "batches/s", "GB/s": "GB/s", "s": "s"}
 
@@ -28,15 +29,6 @@ def _value(figure: Figure) -> str:
 
 def _spread(figure: Figure) -> str:
     return "" if figure.spread is None else f"±{figure.spread:.1%}"
-
-
-def _images(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    images = doc.get("images")
-    return (
-        [r if isinstance(r, dict) else {} for r in images[:MAX_IMAGES]]
-        if isinstance(images, list)
-        else []
-    )
 
 
 def short_name(run: dict[str, Any]) -> str:
