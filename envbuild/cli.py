@@ -21,6 +21,7 @@ from envbuild.cli_lock import lock, locked_option, locks_for
 from envbuild.cli_maintenance import base, knowledge
 from envbuild.cli_options import (
     build_options_from,
+    ca_bundle_option,
     fetch_options,
     fleet_from,
     fleet_option,
@@ -31,6 +32,7 @@ from envbuild.cli_options import (
     selectors,
 )
 from envbuild.errors import EXIT_FAILED, EnvbuildError
+from envbuild.trust import trusting
 
 if TYPE_CHECKING:
     from envbuild.engine import Engine
@@ -213,42 +215,47 @@ def build(
     from envbuild.store import ResultStore
 
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
-    knowledge, _, result = plan_from(kwargs, newest_only=True)
-    fleet = fleet_from(knowledge, None, fleet_gpus)
-    run = RunOptions(
-        jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
-        push_registry=None if no_smoke else push_registry, fleet=fleet.gpus if fleet else (),
-    )  # fmt: skip
-    with ProgressView([e.id for e in result.entries]) as view:
-        results = run_entries(
-            knowledge,
-            result.entries,
-            options,
-            run,
-            store=ResultStore.default(),
-            on_event=view.event,
-            locks=lambda: locks_for(result.entries, options, matrix_path, knowledge, locked=locked),
-        )
-    click.echo("\n".join(view.summary(results)), err=True)
-    write_build_reports(results, json_file=report_file, junit_file=junit_file)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        try:
-            append_step_summary(Path(summary), results)
-        except OSError as exc:
-            click.echo(f"envbuild: cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", err=True)
-    if push_registry is not None:
-        if no_smoke:
-            click.echo(
-                "envbuild: --push publishes only smoke-tested images; nothing pushed (--no-smoke)",
-                err=True,
+    with trusting(options.ca_bundle):  # the registry of --push is checked against it too
+        knowledge, _, result = plan_from(kwargs, newest_only=True)
+        fleet = fleet_from(knowledge, None, fleet_gpus)
+        run = RunOptions(
+            jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
+            push_registry=None if no_smoke else push_registry, fleet=fleet.gpus if fleet else (),
+        )  # fmt: skip
+        with ProgressView([e.id for e in result.entries]) as view:
+            results = run_entries(
+                knowledge,
+                result.entries,
+                options,
+                run,
+                store=ResultStore.default(),
+                on_event=view.event,
+                locks=lambda: locks_for(
+                    result.entries, options, matrix_path, knowledge, locked=locked
+                ),
             )
-        else:
-            fresh = [r.entry for r in results if r.passed and r.published is None]
-            if fresh:
-                _publish_entries(fresh, push_registry, report_file=None)
-    if not all(r.passed for r in results):
-        sys.exit(EXIT_FAILED)
+        click.echo("\n".join(view.summary(results)), err=True)
+        write_build_reports(results, json_file=report_file, junit_file=junit_file)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            try:
+                append_step_summary(Path(summary), results)
+            except OSError as exc:
+                click.echo(
+                    f"envbuild: cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", err=True
+                )
+        if push_registry is not None:
+            if no_smoke:
+                click.echo(
+                    "envbuild: --push publishes only smoke-tested images; nothing pushed (--no-smoke)",
+                    err=True,
+                )
+            else:
+                fresh = [r.entry for r in results if r.passed and r.published is None]
+                if fresh:
+                    _publish_entries(fresh, push_registry, report_file=None)
+        if not all(r.passed for r in results):
+            sys.exit(EXIT_FAILED)
 
 
 def _publish_entries(
@@ -312,6 +319,7 @@ def _publish_items(
 @fleet_option
 @reports_errors
 @proxy_option
+@ca_bundle_option
 def publish(
     images: tuple[str, ...], registry: str, report_file: Path | None,
     fleet_gpus: tuple[str, ...], **kwargs: Any,
@@ -354,6 +362,7 @@ def publish(
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
 @reports_errors
 @proxy_option
+@ca_bundle_option
 def verify(reference: str, as_json: bool) -> None:
     """Fetch the smoke report published next to REFERENCE and check it belongs to that image.
 

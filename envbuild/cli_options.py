@@ -290,9 +290,10 @@ def build_options_from(kwargs: dict[str, Any]) -> Any:
         wheelhouse=kwargs.pop("wheelhouse", None),
         index_url=kwargs.pop("index_url", None),
         extra_index_urls=tuple(kwargs.pop("extra_index_url", ()) or ()),
+        framework_index=kwargs.pop("framework_index", None),
         offline=kwargs.pop("offline", False),
     )
-    for url in (options.index_url, *options.extra_index_urls):
+    for url in (options.index_url, *options.extra_index_urls, options.framework_index):
         register_url(url)  # before any message could show it
     return check_options(options)
 
@@ -308,6 +309,14 @@ def fetch_options(func: F) -> F:
         ),
         click.option(
             "--index-url", metavar="URL", help="pip index to use instead of PyPI (a mirror)."
+        ),
+        click.option(
+            "--framework-index",
+            metavar="URL|none",
+            help=(
+                "A mirror of the framework's own index (PyTorch's CPU/CUDA wheels), or `none` "
+                "when --index-url serves them too [default: the entry's]."
+            ),
         ),
         click.option(
             "--wheelhouse", type=click.Path(path_type=Path), help="Folder of wheels pip may use."
@@ -346,4 +355,23 @@ def proxy_option(func: F) -> F:
             "http://[user:password@]host:port [default: HTTPS_PROXY/HTTP_PROXY/NO_PROXY, "
             "else Docker's config proxies.default]."
         ),
+    )(wrapper)  # type: ignore[return-value]
+
+
+def ca_bundle_option(func: F) -> F:
+    """`--ca-bundle FILE` for commands that talk to a registry: its CAs are trusted besides the
+    default store (envbuild.trust). Goes below @reports_errors, so that a bad file is one line."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, ca_bundle: Path | None = None, **kwargs: Any) -> Any:
+        from envbuild.render import check_ca_bundle
+        from envbuild.trust import trusting
+
+        with trusting(None if ca_bundle is None else check_ca_bundle(ca_bundle)):
+            return func(*args, **kwargs)
+
+    return click.option(
+        "--ca-bundle",
+        type=click.Path(path_type=Path),
+        help="CA bundle (PEM) that signs the registry's certificate, or a TLS-intercepting proxy's.",
     )(wrapper)  # type: ignore[return-value]

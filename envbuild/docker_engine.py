@@ -260,8 +260,7 @@ class DockerEngine:
                     error = str(chunk["error"]).strip()
                     if error.startswith(_NO_SUCH_TAG):
                         raise _TagVanished(error)
-                    msg = f"push of {ref} failed: {error}"
-                    raise EnvbuildError(msg)
+                    raise EnvbuildError(_push_failure(ref, error))
                 if "status" in chunk and chunk.get("id") is None:
                     on_line(str(chunk["status"]))
                 aux = chunk.get("aux") or {}
@@ -270,8 +269,7 @@ class DockerEngine:
         except docker.errors.NotFound as exc:
             raise _TagVanished(str(exc)) from exc
         except docker.errors.APIError as exc:
-            msg = f"push of {ref} failed: {_short(exc)}"
-            raise EnvbuildError(msg) from exc
+            raise EnvbuildError(_push_failure(ref, _short(exc))) from exc
         except _LOST as exc:
             raise _lost(exc, f"while pushing {ref}") from exc
         finally:
@@ -499,3 +497,15 @@ def _build_error(message: str, last_lines: list[str]) -> str:
         return f"{said[-1]} ({message})"
     tail = " | ".join(plain[-3:])
     return f"{message}" + (f" (last output: {tail})" if tail else "")
+
+
+def _push_failure(ref: str, error: str) -> str:
+    """The one line for a failed push; a certificate the engine does not trust names the fix."""
+    if "x509:" in error or "unknown authority" in error:
+        host = ref.split("/", 1)[0]
+        return (
+            f"push of {ref} failed: Docker's engine does not trust the TLS certificate of "
+            f"registry {host} ({error}); put the PEM of the CA that signs it at "
+            f"/etc/docker/certs.d/{host}/ca.crt on the engine's host (read at each push)"
+        )
+    return f"push of {ref} failed: {error}"

@@ -46,7 +46,7 @@ def lock_inputs(entry: Entry, options: BuildOptions, knowledge: Knowledge) -> di
     return {
         "format": LOCK_FORMAT,
         "framework": entry.install.requirement,
-        "framework_index": public_url(entry.install.index_url),
+        "framework_index": public_url(options.framework_index or entry.install.index_url),
         "packages": list(entry.packages),
         "python": entry.python,
         "platform": platform_tag(entry, knowledge),

@@ -277,6 +277,9 @@ class ProxySettings:
         return {**env, **{k.lower(): v for k, v in env.items()}}
 
 
+NO_FRAMEWORK_INDEX = "none"
+
+
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions:
     """How to fetch what a build needs; none of it may end up in the image."""
@@ -286,6 +289,9 @@ class BuildOptions:
     wheelhouse: Path | None = None
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
+    # The framework's own index (PyTorch's): None for the entry's, NO_FRAMEWORK_INDEX for none
+    # (--index-url serves the framework's wheels), else a mirror of it.
+    framework_index: str | None = None
     offline: bool = False
     # Used by the host (uv, the registry client) and passed to builds as Docker's predefined
     # proxy arguments, which stay out of the history and the cache key.

@@ -21,7 +21,16 @@ import jinja2
 from envbuild import labels
 from envbuild.errors import BadInput
 from envbuild.knowledge import cuda_tag
-from envbuild.models import CPU, BaseProbe, BuildContext, BuildOptions, Entry, Lock, ServedInputs
+from envbuild.models import (
+    CPU,
+    NO_FRAMEWORK_INDEX,
+    BaseProbe,
+    BuildContext,
+    BuildOptions,
+    Entry,
+    Lock,
+    ServedInputs,
+)
 from envbuild.references import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.resources import templates_dir
 from envbuild.wheelhouse import framework_index as framework_from
@@ -68,6 +77,8 @@ def check_options(options: BuildOptions) -> BuildOptions:
             raise BadInput(msg)
     urls = [("--index-url", options.index_url)] if options.index_url is not None else []
     urls += [("--extra-index-url", url) for url in options.extra_index_urls]
+    if options.framework_index not in (None, NO_FRAMEWORK_INDEX):
+        urls.append(("--framework-index", options.framework_index))
     for option, url in urls:
         problem = index_url_problem(url)
         if problem is not None:

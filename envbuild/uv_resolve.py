@@ -11,6 +11,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from envbuild.errors import BadInput, EnvbuildError
 from envbuild.models import BuildOptions, Entry, Knowledge
@@ -181,6 +182,10 @@ def resolve(
             with errors.open("rb") as handle:
                 message = handle.read(MAX_UV_MESSAGE_BYTES).decode("utf-8", errors="replace")
             if done.returncode != 0:
+                refused = refused_index(entry, options)
+                if refused is not None:
+                    msg = f"{entry.id}: {refused}"
+                    raise EnvbuildError(msg)
                 unsatisfiable, reason = one_line_reason(message)
                 if unsatisfiable:
                     return Resolution(body="", unresolvable=reason)
@@ -200,3 +205,43 @@ def resolve(
         msg = f"{entry.id}: cannot run uv ({getattr(exc, 'strerror', None) or exc}); pip install 'uv>=0.5'"
         raise EnvbuildError(msg) from exc
     return Resolution(body=clean(body), unresolvable=None)
+
+
+def refused_index(entry: Entry, options: BuildOptions) -> str | None:
+    """Why uv failed, when an index refused it: uv takes an index's 401 or 403 for "no such
+    package", which hides a wrong token. Asks each index for the framework's page, through the
+    same proxy and CA bundle; the message names the index's origin, never its credentials."""
+    import requests
+
+    from envbuild.proxy import route_session
+
+    name = re.split(r"[=<>!~\[; ]", entry.install.requirement, maxsplit=1)[0]
+    urls = [options.index_url, *options.extra_index_urls, framework_index(entry, options)]
+    with requests.Session() as session:
+        session.trust_env = False  # the chosen proxy only, and no .netrc
+        route_session(session, options.proxy)
+        for url in filter(None, urls):
+            parts = urlsplit(url)
+            page = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"  # [::1]:port kept
+            page += parts.path.rstrip("/") + f"/{name}/"
+            auth = (
+                (unquote(parts.username), unquote(parts.password or "")) if parts.username else None
+            )
+            try:
+                answer = session.get(
+                    page, auth=auth, timeout=10, allow_redirects=False, stream=True,
+                    verify=str(options.ca_bundle) if options.ca_bundle else True,
+                )  # fmt: skip
+                answer.close()
+            except (requests.RequestException, ValueError):
+                continue
+            if answer.status_code in (401, 403):
+                where = page.split("://", 1)[1].split("/", 1)[0]
+                said = "it wants credentials" if auth is None else "it refused the credentials"
+                return (
+                    f"the package index at {parts.scheme}://{where} answered HTTP "
+                    f"{answer.status_code} to {parts.path.rstrip('/')}/{name}/: {said}; check "
+                    "the user and token in its URL (--index-url, --extra-index-url) and that "
+                    "they may read that index"
+                )
+    return None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from envbuild.models import BuildOptions, Entry
+from envbuild.models import NO_FRAMEWORK_INDEX, BuildOptions, Entry
 
 WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
 _WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-(?P<python>[^-]+)-[^-]+-[^-]+\.whl$")
@@ -60,14 +60,14 @@ def has_framework_wheel(entry: Entry, wheels: Iterable[Path]) -> bool:
 
 def framework_index(entry: Entry, options: BuildOptions) -> str | None:
     """The framework's own index (PyTorch's CPU or CUDA index), when it must be reached: the
-    entry names one, the run is not offline, and the wheelhouse does not hold the wheel."""
+    entry names one, the run is not offline, and the wheelhouse does not hold the wheel.
+    `--framework-index` replaces it by a mirror, or by none (the --index-url serves it)."""
     if entry.install.index_url is None or options.offline:
         return None
+    if options.framework_index == NO_FRAMEWORK_INDEX:
+        return None
+    url = options.framework_index or entry.install.index_url
     wheelhouse = options.wheelhouse
     if wheelhouse is not None and wheelhouse.is_dir():
-        return (
-            None
-            if has_framework_wheel(entry, wheelhouse_files(wheelhouse))
-            else entry.install.index_url
-        )
-    return entry.install.index_url
+        return None if has_framework_wheel(entry, wheelhouse_files(wheelhouse)) else url
+    return url

@@ -32,6 +32,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 SERVE_VARIABLE = "ENVBUILD_SERVE"
 CONFIG_NAME = "config.json"
@@ -212,6 +213,67 @@ def network_failure(tail: list[str], serve: str) -> str | None:
     return "".join(c if c.isprintable() else "?" for c in line)
 
 
+def first_package(lock: str) -> str:
+    """The name of the lock's first pinned package (its index page is what gets asked)."""
+    with open(lock, encoding="utf-8") as handle:
+        for line in handle:
+            match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
+            if match:
+                return match.group(1)
+    return "pip"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as it stands (its 3xx), never followed: urllib would send the
+    index's Authorization header to wherever the index points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def refused_index(config: Config, package: str, ca_path: str | None) -> str | None:
+    """One line when an index answers 401 or 403 (uv takes those for "no such package", which
+    hides a wrong token): each index is asked for `package`'s page, through the build's proxy
+    and CA bundle. The line names the index's origin, never its credentials."""
+    import base64
+    import ssl
+
+    try:
+        context = ssl.create_default_context(cafile=ca_path) if ca_path else None
+    except (OSError, ValueError):  # a bundle ssl cannot load: uv's own failure says more
+        return None
+    opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
+    for url in (config.index_url, *config.extra_index_urls):
+        if url is None:
+            continue
+        parts = urllib.parse.urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        page = f"{parts.scheme}://{host}{parts.path.rstrip('/')}/{package}/"
+        request = urllib.request.Request(page, method="GET")
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with opener.open(request, timeout=10):
+                continue
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        except (OSError, ValueError):
+            continue
+        if status in (401, 403):
+            said = (
+                "it wants credentials" if parts.username is None else "it refused the credentials"
+            )
+            return (
+                f"the package index at {parts.scheme}://{host} answered HTTP {status} to "
+                f"{parts.path.rstrip('/')}/{package}/: {said}; check the user and token in its URL "
+                "(--index-url, --extra-index-url) and that they may read that index"
+            )
+    return None
+
+
 class Phases:
     """Seconds per phase of the install, for the build log: `fetch uv 0.3 s, venv 2.8 s, …`."""
 
@@ -302,8 +364,10 @@ def install(serve: str, venv: str, lock: str, scratch: str) -> None:
     clock.done("venv")
     code, tail = run_uv(uv_command(uv, config, serve, venv, lock), environment)
     if code != 0:
-        msg = network_failure(tail, serve) or (
-            f"uv could not install {lock} (exit {code}); see its output above"
+        msg = (
+            refused_index(config, first_package(lock), ca_path)
+            or network_failure(tail, serve)
+            or f"uv could not install {lock} (exit {code}); see its output above"
         )
         raise InstallError(msg)
     clock.done("install")

@@ -36,7 +36,7 @@ from envbuild.http_limits import (
     watched_session,
 )
 from envbuild.models import ProxySettings
-from envbuild.proxy import current, loopback_direct, route_session
+from envbuild.proxy import current, loopback_direct, requests_proxies, route_session
 from envbuild.registry.auth import RegistryAuth
 from envbuild.registry.content import json_or_none
 from envbuild.registry.errors import (
@@ -47,6 +47,7 @@ from envbuild.registry.errors import (
     RegistryUnreachable,
 )
 from envbuild.registry.reference import default_scheme, is_digest
+from envbuild.trust import chosen_bundle, trust_session
 
 DEADLINE_ENV = "ENVBUILD_REGISTRY_TIMEOUT"
 DEFAULT_DEADLINE = 120.0  # seconds per registry operation (connecting, retries, reading: all)
@@ -119,6 +120,7 @@ class RegistryConnection:
         self.transport = Transport(self.session, tries=tries, backoff=backoff)
         self.deadline = deadline
         self._operation: Deadline | None = None
+        self.proxy = ProxySettings()  # what for_host routed the session through, for messages
 
     @classmethod
     def for_host(
@@ -130,7 +132,8 @@ class RegistryConnection:
     ) -> Self:
         """A client for `host` with the credentials lookup_credentials finds, the deadline
         ENVBUILD_REGISTRY_TIMEOUT sets and the proxy `proxy` (default: envbuild.proxy.current(),
-        the CLI's --proxy, the environment or Docker's config); a loopback host goes direct."""
+        the CLI's --proxy, the environment or Docker's config); a loopback host goes direct.
+        Its TLS certificates are checked against the default store and the CLI's --ca-bundle."""
         client = cls(
             host,
             credentials=lookup_credentials(host),
@@ -139,7 +142,9 @@ class RegistryConnection:
         )
         if client._owns_session:
             chosen = current() if proxy is None else proxy
-            route_session(client.session, loopback_direct(chosen, host))
+            client.proxy = loopback_direct(chosen, host)
+            route_session(client.session, client.proxy)
+            trust_session(client.session, chosen_bundle())
         return client
 
     def __repr__(self) -> str:
@@ -290,13 +295,24 @@ class RegistryConnection:
         except TlsFailed as exc:
             msg = (
                 f"cannot reach registry {self.host} for {what}: TLS verification failed "
-                f"({exc.cause}); set REQUESTS_CA_BUNDLE to the CA bundle that signs it"
+                f"({exc.cause}); pass --ca-bundle FILE, the PEM bundle of the CA that signs its "
+                f"certificate (Docker's engine, which pushes, reads the same CA from "
+                f"/etc/docker/certs.d/{self.host}/ca.crt)"
             )
         except Unreachable as exc:
-            msg = (
-                f"cannot reach registry {self.host} for {what} after {_tries(exc.tries)} "
-                f"({exc.cause}); check that it runs and that the host:port is right"
-            )
+            through = requests_proxies(self.proxy, url).get(self.scheme)
+            if through is not None and isinstance(exc.error, requests.exceptions.ProxyError):
+                msg = (
+                    f"cannot reach registry {self.host} for {what} through the proxy "
+                    f"{origin_text(through)} after {_tries(exc.tries)} ({exc.cause}); check that "
+                    "the proxy runs and accepts you (--proxy, HTTPS_PROXY), or list the registry "
+                    "in NO_PROXY if it is reached directly"
+                )
+            else:
+                msg = (
+                    f"cannot reach registry {self.host} for {what} after {_tries(exc.tries)} "
+                    f"({exc.cause}); check that it runs and that the host:port is right"
+                )
         except Overloaded as exc:
             msg = (
                 f"registry {self.host} answered HTTP {exc.status} to {what} "
