@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,3 +232,33 @@ def cpu_matrix(
         env={"GITHUB_STEP_SUMMARY": str(summary)},
     )  # fmt: skip
     return CpuMatrix(result=result, report=report, junit=junit, summary=summary)
+
+
+def needles_in_layers(
+    docker_client: docker.DockerClient, image: str, needles: list[bytes]
+) -> list[str]:
+    """Every (layer member, needle) where a needle occurs in a file's name or contents."""
+    found: list[str] = []
+    longest = max(len(n) for n in needles)
+    with tempfile.TemporaryDirectory(prefix="envbuild-test-save-") as tmp:
+        saved = Path(tmp) / "image.tar"
+        with saved.open("wb") as handle:
+            for chunk in docker_client.images.get(image).save(named=False):
+                handle.write(chunk)
+        with tarfile.open(saved) as outer:
+            for layer in outer.getmembers():
+                if not layer.name.endswith("layer.tar"):
+                    continue
+                extracted = outer.extractfile(layer)
+                assert extracted is not None
+                with tarfile.open(fileobj=extracted, mode="r|") as inner:
+                    for member in inner:
+                        if any(n in member.name.encode() for n in needles):
+                            found.append(f"{layer.name}:{member.name} (name)")
+                        data = inner.extractfile(member) if member.isfile() else None
+                        tail = b""
+                        while data is not None and (block := data.read(8 * 1024 * 1024)):
+                            window = tail + block
+                            found += [f"{layer.name}:{member.name}" for n in needles if n in window]
+                            tail = window[-longest:]
+    return found

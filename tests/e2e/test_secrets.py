@@ -9,8 +9,6 @@ import re
 import secrets
 import socket
 import struct
-import tarfile
-import tempfile
 import time
 import urllib.parse
 import zipfile
@@ -29,7 +27,7 @@ from envbuild.models import BuildOptions, Knowledge, Lock, Selection
 from envbuild.redact import register_url
 from envbuild.render import check_options
 from envbuild.store import ResultStore
-from tests.docker_support import compile_lock, envbuild, torch_cpu_args
+from tests.docker_support import compile_lock, envbuild, needles_in_layers, torch_cpu_args
 from tests.fault_support import epoch
 from tests.lock_support import fresh_lock, the_entry
 
@@ -110,36 +108,6 @@ def deflated_chunk(wheel: Path) -> bytes:
             member.header_offset + 30 + name_length + extra_length + member.compress_size // 2
         )
         return handle.read(64)
-
-
-def needles_in_layers(
-    docker_client: docker.DockerClient, image: str, needles: list[bytes]
-) -> list[str]:
-    """Every (layer member, needle) where a needle occurs in a file's name or contents."""
-    found: list[str] = []
-    longest = max(len(n) for n in needles)
-    with tempfile.TemporaryDirectory(prefix="envbuild-test-save-") as tmp:
-        saved = Path(tmp) / "image.tar"
-        with saved.open("wb") as handle:
-            for chunk in docker_client.images.get(image).save(named=False):
-                handle.write(chunk)
-        with tarfile.open(saved) as outer:
-            for layer in outer.getmembers():
-                if not layer.name.endswith("layer.tar"):
-                    continue
-                extracted = outer.extractfile(layer)
-                assert extracted is not None
-                with tarfile.open(fileobj=extracted, mode="r|") as inner:
-                    for member in inner:
-                        if any(n in member.name.encode() for n in needles):
-                            found.append(f"{layer.name}:{member.name} (name)")
-                        data = inner.extractfile(member) if member.isfile() else None
-                        tail = b""
-                        while data is not None and (block := data.read(8 * 1024 * 1024)):
-                            window = tail + block
-                            found += [f"{layer.name}:{member.name}" for n in needles if n in window]
-                            tail = window[-longest:]
-    return found
 
 
 def pins(text: str) -> set[str]:

@@ -129,6 +129,19 @@ def proxy_values() -> Iterator[str]:
                 f"http://user:{SECRET}/x@proxy.example", f"{base}0" + "0" * 10_240)  # fmt: skip
 
 
+def ca_bundle_values() -> Iterator[str]:
+    missing = "/nonexistent-envbuild/ca.pem"
+    yield from ("", "/", "/dev/null", "/proc", missing, "x" * 5000)
+    # No NUL: no command line can carry one (execve), and click.Path stats the value first.
+    yield from (value for value in injected(missing) if "\x00" not in value)
+
+
+REGISTRY_COMMANDS = {  # arguments that reach a registry, were --ca-bundle accepted
+    "verify": ("127.0.0.1:9/team/torch:1",),
+    "publish": ("--registry", "127.0.0.1:9/team", "envbuild/torch:x"),
+}
+
+
 def corpus() -> Iterator[tuple[str, tuple[str, ...], str]]:
     """(command, arguments, the option the error must name) for every hostile value."""
     for value in repository_values():
@@ -143,10 +156,13 @@ def corpus() -> Iterator[tuple[str, tuple[str, ...], str]]:
         yield "plan", (f"{option}={value}",), option
     for value in base_image_values():
         yield "render", (f"--base-image={value}",), "--base-image"
-    for option, value in itertools.product(("--index-url", "--extra-index-url"), url_values()):
+    options = ("--index-url", "--extra-index-url", "--framework-index")
+    for option, value in itertools.product(options, url_values()):
         yield "render", (f"{option}={value}",), option
     for value in proxy_values():  # refused before the engine or the network is asked
         yield "build", (f"--proxy={value}", "--no-smoke", *ONE_ENTRY), "--proxy"
+    for (command, args), value in itertools.product(REGISTRY_COMMANDS.items(), ca_bundle_values()):
+        yield command, (f"--ca-bundle={value}", *args), "--ca-bundle"  # before the engine
 
 
 CORPUS = list(corpus())
@@ -156,7 +172,7 @@ def test_the_corpus_is_large_and_varied() -> None:
     assert len(CORPUS) >= 80
     assert {option for _, _, option in CORPUS} >= {
         "--repository", "--cuda", "--gpu", "--driver", "--base-image", "--index-url",
-        "--extra-index-url", "--proxy",
+        "--extra-index-url", "--proxy", "--framework-index", "--ca-bundle",
     }  # fmt: skip
 
 
@@ -325,6 +341,16 @@ def test_hostile_ca_bundles_are_one_error_line(tmp_path: Path, kind: str) -> Non
     result, context = render_one(tmp_path, "--ca-bundle", str(make_ca(tmp_path, kind)))
     assert_one_error_line(result, "--ca-bundle")
     assert not context.exists()
+
+
+@pytest.mark.parametrize("command", list(REGISTRY_COMMANDS))
+@pytest.mark.parametrize("kind", CA_KINDS)
+def test_hostile_ca_bundles_stop_registry_commands_in_one_line(
+    tmp_path: Path, kind: str, command: str
+) -> None:
+    ca = make_ca(tmp_path, kind)
+    result = invoke(command, "--ca-bundle", str(ca), *REGISTRY_COMMANDS[command])
+    assert_one_error_line(result, "--ca-bundle")
 
 
 @pytest.mark.parametrize("kind", ["file", "missing", "fifo", "dangling-link"])

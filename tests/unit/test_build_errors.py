@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envbuild.docker_engine import _build_error
+from envbuild.docker_engine import _build_error, _push_failure
 
 SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
 
@@ -42,3 +42,21 @@ def test_colour_codes_around_envbuilds_line_do_not_hide_it() -> None:
         "envbuild install: uv could not download sympy==1.14.0 from the package index at "
         "https://10.0.0.1:8443 (a RUN step exited 1)"
     )
+
+
+def test_a_push_the_engine_cannot_trust_names_where_docker_reads_the_ca() -> None:
+    ref = "registry.corp.example:5000/team/torch:2.4"
+    error = (
+        'Get "https://registry.corp.example:5000/v2/": tls: failed to verify certificate: '
+        "x509: certificate signed by unknown authority"
+    )
+    (line,) = _push_failure(ref, error).splitlines()
+    assert line.startswith(f"push of {ref} failed: ")
+    assert error in line
+    assert "/etc/docker/certs.d/registry.corp.example:5000/ca.crt" in line
+
+
+def test_other_push_failures_are_left_as_the_engine_said() -> None:
+    ref = "registry.corp.example:5000/team/torch:2.4"
+    error = "denied: requested access to the resource is denied"
+    assert _push_failure(ref, error) == f"push of {ref} failed: {error}"

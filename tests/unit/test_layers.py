@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "yamlfile",
         "credentials",
         "proxy",
+        "trust",
         "store",
         "engine",
         "packages",

@@ -135,13 +135,31 @@ def _variants(entry: Entry, options: BuildOptions) -> dict[str, tuple[Entry, Bui
         ),
         "index-url": (entry, replace(options, index_url="https://mirror.example/simple")),
         "extra-index": (entry, replace(options, extra_index_urls=("https://x.example/simple",))),
+        "framework-mirror": (entry, replace(options, framework_index="https://m.example/whl/cpu")),
         "online": (entry, replace(options, offline=False)),
         "no-wheelhouse": (entry, replace(options, wheelhouse=None, offline=False)),
     }  # fmt: skip
 
 
 CHANGES = ["packages", "python", "os-glibc", "framework", "framework-index", "index-url",
-           "extra-index", "online", "no-wheelhouse"]  # fmt: skip
+           "extra-index", "framework-mirror", "online", "no-wheelhouse"]  # fmt: skip
+
+
+def test_the_lock_records_the_framework_index_given_without_its_credentials(
+    entry: Entry, knowledge: Knowledge, wheelhouse: Path
+) -> None:
+    own = dataclasses.replace(
+        entry, install=Install(requirement="torch==2.13.0+cpu", index_url="https://i.example/cpu")
+    )
+    mirror = f"https://bot:{SECRET}@mirror.example/whl/cpu"
+    assert lock_inputs(own, offline(wheelhouse), knowledge)["framework_index"] == (
+        "https://i.example/cpu"
+    )
+    inputs = lock_inputs(own, offline(wheelhouse, framework_index=mirror), knowledge)
+    assert inputs["framework_index"] == "https://mirror.example/whl/cpu"
+    assert SECRET not in json.dumps(inputs)
+    none = lock_inputs(own, offline(wheelhouse, framework_index="none"), knowledge)
+    assert none["framework_index"] == "none"
 
 
 @pytest.mark.parametrize("change", CHANGES)

@@ -13,11 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.cli_options import build_options_from
 from envbuild.errors import BadInput
 from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import BaseProbe, BuildOptions, Entry, Knowledge, Lock, Selection
-from envbuild.render import has_framework_wheel, render_entry, write_context
-from envbuild.wheelhouse import wheelhouse_files
+from envbuild.models import (
+    NO_FRAMEWORK_INDEX,
+    BaseProbe,
+    BuildOptions,
+    Entry,
+    Knowledge,
+    Lock,
+    Selection,
+)
+from envbuild.redact import forget_all, redact
+from envbuild.render import check_options, has_framework_wheel, render_entry, write_context
+from envbuild.wheelhouse import framework_index, wheelhouse_files
 
 GOLDEN = Path(__file__).parent / "golden"
 BARE_BOOKWORM = BaseProbe(
@@ -325,3 +335,54 @@ def test_a_lock_with_pip_options_is_refused(knowledge: Knowledge, line: str) -> 
     lock = Lock(entry_id="test", text=LOCK.text + line + "\n", path=Path("team.lock/x.txt"))
     with pytest.raises(BadInput, match=r"lock 'team.lock/x.txt':5: .* run `envbuild lock` again"):
         render_entry(entry(knowledge, "2.13.0", "cpu"), BuildOptions(), None, lock)
+
+
+MIRROR = "https://mirror.corp.example/pytorch/whl/cpu"
+
+
+def test_the_framework_index_is_the_entrys_a_mirror_of_it_or_none(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    cpu = entry(knowledge, "2.13.0", "cpu")
+    assert framework_index(cpu, BuildOptions()) == "https://download.pytorch.org/whl/cpu"
+    assert framework_index(cpu, BuildOptions(framework_index=MIRROR)) == MIRROR
+    assert framework_index(cpu, BuildOptions(framework_index=NO_FRAMEWORK_INDEX)) is None
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"x")
+    assert framework_index(cpu, BuildOptions(framework_index=MIRROR, wheelhouse=wheels)) is None
+    pypi = entry(knowledge, "2.4.1", "12.1")  # PyPI's own wheel: no framework index to mirror
+    assert framework_index(pypi, BuildOptions(framework_index=MIRROR)) is None
+
+
+@pytest.mark.parametrize(("given", "served"), [(MIRROR, (MIRROR,)), ("none", ())])
+def test_the_build_is_served_the_mirror_or_no_framework_index(
+    knowledge: Knowledge, given: str, served: tuple[str, ...]
+) -> None:
+    options = BuildOptions(index_url="https://pypi.corp.example/simple", framework_index=given)
+    inputs = render_entry(entry(knowledge, "2.13.0", "cpu"), options, None, LOCK).served
+    assert inputs.extra_index_urls == served
+
+
+@pytest.mark.parametrize("value", ["ftp://x", "", "mirror.example/whl/cpu", "https://", "None"])
+def test_a_framework_index_that_is_no_url_is_one_line(value: str) -> None:
+    with pytest.raises(BadInput) as error:
+        check_options(BuildOptions(framework_index=value))
+    (line,) = error.value.message.splitlines()
+    assert line.startswith("--framework-index ")
+    assert "give an http(s) URL" in line
+    assert check_options(BuildOptions(framework_index=MIRROR)).framework_index == MIRROR
+    assert check_options(BuildOptions(framework_index="none")).framework_index == "none"
+
+
+def test_a_password_in_the_framework_index_is_never_shown() -> None:
+    password = "fr4mew0rk-Pa55"
+    url = f"https://bot:{password}@mirror.corp.example/whl/cpu"
+    said = f"GET {url}/torch/ answered 403"
+    forget_all()
+    try:
+        assert password in redact(said)  # nothing registered yet
+        assert build_options_from({"framework_index": url}).framework_index == url
+        assert password not in redact(said)
+    finally:
+        forget_all()
