@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import logging
 import re
@@ -45,6 +46,23 @@ _NO_SUCH_TAG = ("tag does not exist", "An image does not exist locally with the 
 
 class _TagVanished(Exception):
     """The local tag a push needs was removed before the engine read it."""
+
+
+def ipv4_gateway(network_attrs: dict[str, Any]) -> str | None:
+    """The IPv4 gateway of a network as the engine inspects it. An engine that adopted an
+    existing bridge (docker0 left by an earlier dockerd) lists only the subnet; its gateway is
+    then the subnet's first address, as Docker's IPAM assigns it."""
+    for config in (network_attrs.get("IPAM") or {}).get("Config") or []:
+        gateway = str(config.get("Gateway") or "")
+        if gateway and ":" not in gateway:
+            return gateway
+        try:
+            subnet = ipaddress.ip_network(str(config.get("Subnet") or ""), strict=False)
+        except ValueError:
+            continue
+        if subnet.version == 4 and subnet.num_addresses > 2:
+            return str(subnet.network_address + 1)
+    return None
 
 
 class DockerEngine:
@@ -167,10 +185,9 @@ class DockerEngine:
             raise BuildFailed(msg) from exc
         except _LOST as exc:
             raise _lost(exc) from exc
-        for config in (attrs.get("IPAM") or {}).get("Config") or []:
-            gateway = str(config.get("Gateway") or "")
-            if gateway and ":" not in gateway:
-                return gateway
+        gateway = ipv4_gateway(attrs)
+        if gateway:
+            return gateway
         msg = (
             f"the Docker network {name!r} has no IPv4 gateway; envbuild serves a build's files "
             "there: check dockerd's --bip/--bridge settings"

@@ -39,6 +39,7 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
+from envbuild.docker_engine import ipv4_gateway
 from tests.docker_support import DEFAULT_BASE, REPO, TEST_LABEL
 
 CORP_IMAGE = "envbuild-test/corp-servers:1"
@@ -305,7 +306,8 @@ def corp_network(
 ) -> Iterator[CorpNetwork]:
     """Build the servers' image, start the servers, yield them; remove them at the end."""
     build_corp_image(client, ca_bundle, folder)
-    gateway = client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    gateway = ipv4_gateway(client.networks.get("bridge").attrs)
+    assert gateway is not None, "the default bridge has no IPv4 gateway"
     corp = CorpNetwork(folder=folder / "corp")
     corp.write_files(gateway, free_port(), wheels)
     corp.network = Network(

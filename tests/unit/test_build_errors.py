@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from envbuild.docker_engine import _build_error, _push_failure
+import pytest
+
+from envbuild.docker_engine import _build_error, _push_failure, ipv4_gateway
 
 SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
 
@@ -60,3 +62,23 @@ def test_other_push_failures_are_left_as_the_engine_said() -> None:
     ref = "registry.corp.example:5000/team/torch:2.4"
     error = "denied: requested access to the resource is denied"
     assert _push_failure(ref, error) == f"push of {ref} failed: {error}"
+
+
+@pytest.mark.parametrize(
+    ("config", "gateway"),
+    [
+        ([{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}], "172.17.0.1"),
+        # An engine that adopted docker0 from an earlier dockerd lists only the subnet.
+        ([{"Subnet": "172.17.0.0/16"}], "172.17.0.1"),
+        ([{"Subnet": "fd00::/64"}, {"Subnet": "10.9.0.0/24"}], "10.9.0.1"),
+        ([{"Subnet": "fd00::/64", "Gateway": "fd00::1"}], None),
+        ([{"Subnet": "not a subnet"}], None),
+        ([{"Subnet": "10.0.0.1/32"}], None),
+        ([], None),
+        (None, None),
+    ],
+)
+def test_the_gateway_of_a_network_is_read_or_derived_from_its_subnet(
+    config: object, gateway: str | None
+) -> None:
+    assert ipv4_gateway({"IPAM": {"Config": config}}) == gateway
