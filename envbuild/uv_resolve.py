@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 from envbuild.errors import BadInput, EnvbuildError
 from envbuild.models import BuildOptions, Entry, Knowledge
 from envbuild.redact import redact
+from envbuild.trust import verify_setting
 from envbuild.wheelhouse import framework_index
 
 UV_TIMEOUT_S = 300
@@ -230,7 +231,7 @@ def refused_index(entry: Entry, options: BuildOptions) -> str | None:
             try:
                 answer = session.get(
                     page, auth=auth, timeout=10, allow_redirects=False, stream=True,
-                    verify=str(options.ca_bundle) if options.ca_bundle else True,
+                    verify=verify_setting(options.ca_bundle),
                 )  # fmt: skip
                 answer.close()
             except (requests.RequestException, ValueError):

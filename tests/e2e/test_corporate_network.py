@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ pytestmark = pytest.mark.e2e
 
 ENTRY = "torch2.13.0-cpu-py3.11-bookworm"
 REPOSITORY = "envbuild-test/corp-{framework}"
+KILLED_IMAGE = "envbuild-test/corp-killed-torch:2.13.0-cpu-py3.11-bookworm"
 TEAM_MATRIX = """\
 description: the team's torch CPU image, built behind the corporate network
 defaults:
@@ -147,6 +148,31 @@ def forget_team_image(team: Team, docker_client: docker.DockerClient) -> None:
         docker_client.images.remove(image_id, force=True)
 
 
+def start_until(
+    team: Team, args: list[str], reached: Callable[[], bool], timeout: float = 300
+) -> subprocess.Popen[str]:
+    """Start `envbuild ARGS` as the team and return once `reached()` (or the command ended)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "envbuild", *args], env={**os.environ, **team.env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None and not reached():
+        time.sleep(0.1)
+    return process
+
+
+def uploading(registry_log: str, repository: str) -> bool:
+    """The registry has opened an upload of a new blob into `repository` (a POST that is not a
+    cross-repository mount): the engine streams its data next."""
+    return any(
+        "http.request.method=POST" in line
+        and f"/v2/{repository}/blobs/uploads/" in line
+        and "mount=" not in line
+        for line in registry_log.splitlines()
+    )
+
+
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
     """The error line of a failed command (stderr's last line)."""
     return one_line_of(result.stderr)
@@ -251,41 +277,6 @@ def test_a_registry_whose_ca_is_unknown_is_refused_with_the_fix(
     assert "Traceback" not in refused.stderr + engine_refused.stderr
 
 
-def test_the_registry_restarted_mid_push_leaves_a_clean_state_and_publishing_again_verifies(
-    team: Team, corp: CorpNetwork
-) -> None:
-    image = json.loads((team.folder / "report.json").read_text())["results"][0]["entry"]["image"]
-    registry = f"{corp.registry_host}/restarted"
-    args = ["publish", image, "--registry", registry, "--ca-bundle", str(corp.ca_bundle)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "envbuild", *args], env={**os.environ, **team.env},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if "restarted/corp-torch/blobs/uploads" in corp.logs("registry"):
-            break
-        time.sleep(0.1)
-    assert process.poll() is None, "the publish ended before a layer was uploaded"
-    corp.restart_registry()
-    stdout, stderr = process.communicate(timeout=900)
-    assert "Traceback" not in stderr
-    assert corp.registry_password not in stdout + stderr
-    if process.returncode != 0:
-        # Failed: one line, and nothing recorded as published; publishing again succeeds.
-        assert one_line_of(stderr).startswith("envbuild: error: "), stderr[-3000:]
-        assert len([x for x in stderr.splitlines() if x.startswith("envbuild: error")]) == 1
-        again = team.run("publish-again", *args)
-        assert again.returncode == 0, again.stderr[-3000:]
-        stdout = again.stdout
-    immutable = re.search(r"^\s*immutable\s+(\S+)\s", stdout, re.MULTILINE)
-    assert immutable is not None, stdout
-    verified = team.run(
-        "verify-restarted", "verify", immutable[1], "--ca-bundle", str(corp.ca_bundle)
-    )
-    assert verified.returncode == 0, verified.stderr[-3000:]
-
-
 def test_an_index_that_refuses_the_token_fails_in_one_line_naming_the_index(
     team: Team, corp: CorpNetwork, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
@@ -335,15 +326,9 @@ def test_the_proxy_killed_mid_install_fails_the_build_cleanly_and_the_rerun_buil
     forget_team_image(team, docker_client)
     log = team.folder / "cache" / "envbuild" / "logs" / f"{ENTRY}.log"
     log.unlink(missing_ok=True)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "envbuild", *args], env={**os.environ, **team.env},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if log.is_file() and "Downloading torch" in log.read_text(errors="replace"):
-            break
-        time.sleep(0.1)
+    process = start_until(
+        team, args, lambda: log.is_file() and "Downloading torch" in log.read_text(errors="replace")
+    )
     assert process.poll() is None, "the build ended before its install downloaded torch"
     corp.kill_proxy()
     try:
@@ -355,12 +340,42 @@ def test_the_proxy_killed_mid_install_fails_the_build_cleanly_and_the_rerun_buil
     assert len(failure) == 1, stderr[-3000:]
     assert "Traceback" not in stderr
     assert corp.proxy_password not in stdout + stderr
-    image = "envbuild-test/corp-killed-torch:2.13.0-cpu-py3.11-bookworm"
     assert docker_client.images.list(name="envbuild-test/corp-killed-torch") == [], (
         "a failed build tagged"
     )
     left = docker_client.containers.list(all=True, filters={"label": "org.envbuild.stage=install"})
     assert left == []
-    rerun = team.build("rerun", "--repository", repository, "--no-smoke")
+    rerun = team.build("rerun", "--repository", repository)  # smoke-tested: published below
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    docker_client.images.get(image)
+    docker_client.images.get(KILLED_IMAGE)
+
+
+def test_the_registry_restarted_mid_push_leaves_a_clean_state_and_publishing_again_verifies(
+    team: Team, corp: CorpNetwork
+) -> None:
+    # The image of the rerun above: its install layer is new to the registry (the base's layers
+    # are mounted from the team's repository), so the restart cuts a real upload.
+    image = KILLED_IMAGE
+    registry = f"{corp.registry_host}/restarted"
+    args = ["publish", image, "--registry", registry, "--ca-bundle", str(corp.ca_bundle)]
+    process = start_until(
+        team, args, lambda: uploading(corp.logs("registry"), "restarted/corp-killed-torch")
+    )
+    assert process.poll() is None, "the publish ended before a layer was uploaded"
+    corp.restart_registry()
+    stdout, stderr = process.communicate(timeout=900)
+    assert "Traceback" not in stderr
+    assert corp.registry_password not in stdout + stderr
+    if process.returncode != 0:
+        # Failed: one line, and nothing recorded as published; publishing again succeeds.
+        assert one_line_of(stderr).startswith("envbuild: error: "), stderr[-3000:]
+        assert len([x for x in stderr.splitlines() if x.startswith("envbuild: error")]) == 1
+        again = team.run("publish-again", *args)
+        assert again.returncode == 0, again.stderr[-3000:]
+        stdout = again.stdout
+    immutable = re.search(r"^\s*immutable\s+(\S+)\s", stdout, re.MULTILINE)
+    assert immutable is not None, stdout
+    verified = team.run(
+        "verify-restarted", "verify", immutable[1], "--ca-bundle", str(corp.ca_bundle)
+    )
+    assert verified.returncode == 0, verified.stderr[-3000:]
