@@ -15,6 +15,7 @@ from tests.docker_support import (  # noqa: F401 - fixtures, found by name
     docker_client,
     engine,
     isolated_data_dir,
+    shared_registry,
     torch_cpu_build,
     wheelhouse,
 )

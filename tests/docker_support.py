@@ -20,10 +20,12 @@ from pathlib import Path
 
 import docker
 import pytest
+import requests
 
 from envbuild.engine import Engine, connect
 from envbuild.errors import EngineUnavailable
 from envbuild.models import Lock
+from tests.registry_server import RegistryServer
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_REPOSITORY = "envbuild-test/{framework}"
@@ -164,6 +166,25 @@ def compile_lock(entry_id: str, requirements: str, wheelhouse: Path = REPO / "wh
     )  # fmt: skip
     assert result.returncode == 0, f"cannot lock {requirements!r}: {result.stderr}"
     return Lock(entry_id=entry_id, text=result.stdout)
+
+
+@pytest.fixture(scope="session")
+def shared_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """One registry for the tests that only need somewhere to publish, each in its own namespace
+    (see `repositories`). The engine compresses and uploads an image's layers the first time
+    (~30 s for the torch CPU image here) and mounts them across repositories after (~1.5 s),
+    where a registry per test uploads them again. Tests that kill, restart or authenticate the
+    registry start their own."""
+    with RegistryServer(tmp_path_factory.mktemp("shared-registry")) as server:
+        yield server
+
+
+def repositories(server: RegistryServer, namespace: str) -> list[str]:
+    """The registry's repositories under `namespace/`."""
+    response = requests.get(f"{server.url}/v2/_catalog", params={"n": 1000}, timeout=10)
+    response.raise_for_status()
+    found = response.json().get("repositories") or []
+    return sorted(r for r in found if r.startswith(f"{namespace}/"))
 
 
 TORCH_CPU_IMAGE = "envbuild-test/torch:2.13.0-cpu-py3.11-bookworm"

@@ -12,7 +12,13 @@ import docker
 import pytest
 import requests
 
-from tests.docker_support import TEST_LABEL, TEST_REPOSITORY, TORCH_CPU_IMAGE, envbuild
+from tests.docker_support import (
+    TEST_LABEL,
+    TEST_REPOSITORY,
+    TORCH_CPU_IMAGE,
+    envbuild,
+    repositories,
+)
 from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
@@ -88,53 +94,48 @@ def test_a_moved_tag_is_restored_by_build(
     assert again["image"]["id"] == ours
 
 
-def catalog(server: RegistryServer) -> list[str]:
-    response = requests.get(f"{server.url}/v2/_catalog", timeout=10)
-    response.raise_for_status()
-    return list(response.json().get("repositories") or [])
-
-
 def test_a_vetted_derived_image_is_never_published_in_the_entrys_name(
     docker_client: docker.DockerClient,
     torch_cpu_build: object,
     ours: str,
     derived: str,
+    shared_registry: RegistryServer,
     tmp_path: Path,
 ) -> None:
     # The team's image trains: its own smoke test passes and is recorded for its id.
     smoked = envbuild("smoke", DERIVED)
     assert smoked.returncode == 0, smoked.stdout[-2000:] + smoked.stderr[-2000:]
 
-    with RegistryServer(tmp_path / "registry") as server:
-        docker_client.images.get(derived).tag(TORCH_CPU_IMAGE)  # `docker tag`, as a user might
-        try:
-            by_entry = envbuild("publish", *SELECT, "--registry", f"{server.host}/x")
-            by_ref = envbuild("publish", TORCH_CPU_IMAGE, "--registry", f"{server.host}/x")
-            by_name = envbuild("publish", DERIVED, "--registry", f"{server.host}/x")
-        finally:
-            docker_client.images.get(ours).tag(TORCH_CPU_IMAGE)
-        for result in (by_entry, by_ref):
-            assert result.returncode == 1, result.stderr
-            (line,) = result.stderr.splitlines()
-            assert "refusing to publish" in line
-            assert derived[:19] in line  # the image found
-            assert ours[:19] in line  # the image envbuild built and expected
-        assert by_name.returncode == 1, by_name.stderr
-        assert "inherit" in by_name.stderr or "derives" in by_name.stderr
-        assert catalog(server) == []
+    server = shared_registry
+    docker_client.images.get(derived).tag(TORCH_CPU_IMAGE)  # `docker tag`, as a user might
+    try:
+        by_entry = envbuild("publish", *SELECT, "--registry", f"{server.host}/derived")
+        by_ref = envbuild("publish", TORCH_CPU_IMAGE, "--registry", f"{server.host}/derived")
+        by_name = envbuild("publish", DERIVED, "--registry", f"{server.host}/derived")
+    finally:
+        docker_client.images.get(ours).tag(TORCH_CPU_IMAGE)
+    for result in (by_entry, by_ref):
+        assert result.returncode == 1, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert "refusing to publish" in line
+        assert derived[:19] in line  # the image found
+        assert ours[:19] in line  # the image envbuild built and expected
+    assert by_name.returncode == 1, by_name.stderr
+    assert "inherit" in by_name.stderr or "derives" in by_name.stderr
+    assert repositories(server, "derived") == []
 
-        # With the tag back on envbuild's image, publishing the entry pushes that image.
-        report = tmp_path / "p.json"
-        result = envbuild(
-            "publish", *SELECT, "--registry", f"{server.host}/x", "--report", str(report)
-        )
-        assert result.returncode == 0, result.stderr[-2000:]
-        published = json.loads(report.read_text())["published"]
-        immutable = next(p for p in published if p["kind"] == "immutable")
-        assert immutable["image_id"] == ours
-        manifest = requests.get(
-            f"{server.url}/v2/x/torch/manifests/{immutable['digest']}",
-            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
-            timeout=10,
-        ).json()
-        assert manifest["config"]["digest"] == ours
+    # With the tag back on envbuild's image, publishing the entry pushes that image.
+    report = tmp_path / "p.json"
+    result = envbuild(
+        "publish", *SELECT, "--registry", f"{server.host}/derived", "--report", str(report)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    published = json.loads(report.read_text())["published"]
+    immutable = next(p for p in published if p["kind"] == "immutable")
+    assert immutable["image_id"] == ours
+    manifest = requests.get(
+        f"{server.url}/v2/derived/torch/manifests/{immutable['digest']}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+        timeout=10,
+    ).json()
+    assert manifest["config"]["digest"] == ours

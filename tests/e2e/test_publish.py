@@ -15,7 +15,13 @@ import pytest
 import requests
 
 from envbuild.store import ResultStore
-from tests.docker_support import TEST_LABEL, TEST_REPOSITORY, TORCH_CPU_IMAGE, envbuild
+from tests.docker_support import (
+    TEST_LABEL,
+    TEST_REPOSITORY,
+    TORCH_CPU_IMAGE,
+    envbuild,
+    repositories,
+)
 from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
@@ -35,67 +41,68 @@ def catalog(server: RegistryServer, auth: tuple[str, str] | None = None) -> list
 
 
 def test_publish_verifies_the_digest_and_the_evidence(
-    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+    docker_client: docker.DockerClient,
+    torch_cpu_build: Any,
+    shared_registry: RegistryServer,
+    tmp_path: Path,
 ) -> None:
-    with RegistryServer(tmp_path / "registry") as server:
-        report = tmp_path / "p.json"
-        result = envbuild(
-            "publish", *SELECT, "--registry", f"{server.host}/x", "--report", str(report)
+    server = shared_registry
+    report = tmp_path / "p.json"
+    result = envbuild(
+        "publish", *SELECT, "--registry", f"{server.host}/verified", "--report", str(report)
+    )
+    assert result.returncode == 0, result.stderr
+    published = json.loads(report.read_text())["published"]
+    immutable = next(p for p in published if p["kind"] == "immutable")
+    assert immutable["image_id"] == image_id(docker_client)
+    assert immutable["reference"].startswith(
+        f"{server.host}/verified/torch:2.13.0-cpu-py3.11-bookworm-"
+    )
+    moving = {
+        p["reference"].rsplit(":", 1)[1]: p["digest"] for p in published if p["kind"] == "moving"
+    }
+    assert moving == {
+        "torch2.13-cpu-py3.11": immutable["digest"],
+        "latest": immutable["digest"],
+    }
+
+    # An independent client sees the digest the report claims.
+    inspected = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{immutable['reference']}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(inspected.stdout)["Digest"] == immutable["digest"]
+
+    # Pulled back by digest, the image runs.
+    by_digest = f"{server.host}/verified/torch@{immutable['digest']}"
+    pulled = docker_client.images.pull(by_digest)
+    try:
+        assert pulled.id == immutable["image_id"]
+        out = docker_client.containers.run(
+            by_digest,
+            ["python3", "-c", "import torch; print(torch.__version__)"],
+            remove=True,
+            network_mode="none",
         )
-        assert result.returncode == 0, result.stderr
-        published = json.loads(report.read_text())["published"]
-        immutable = next(p for p in published if p["kind"] == "immutable")
-        assert immutable["image_id"] == image_id(docker_client)
-        assert immutable["reference"].startswith(
-            f"{server.host}/x/torch:2.13.0-cpu-py3.11-bookworm-"
-        )
-        moving = {
-            p["reference"].rsplit(":", 1)[1]: p["digest"]
-            for p in published
-            if p["kind"] == "moving"
-        }
-        assert moving == {
-            "torch2.13-cpu-py3.11": immutable["digest"],
-            "latest": immutable["digest"],
-        }
+        assert out.decode().strip() == "2.13.0+cpu"
+    finally:
+        docker_client.images.remove(by_digest, force=False)
 
-        # An independent client sees the digest the report claims.
-        inspected = subprocess.run(
-            ["skopeo", "inspect", "--tls-verify=false", f"docker://{immutable['reference']}"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        assert json.loads(inspected.stdout)["Digest"] == immutable["digest"]
-
-        # Pulled back by digest, the image runs.
-        by_digest = f"{server.host}/x/torch@{immutable['digest']}"
-        pulled = docker_client.images.pull(by_digest)
-        try:
-            assert pulled.id == immutable["image_id"]
-            out = docker_client.containers.run(
-                by_digest,
-                ["python3", "-c", "import torch; print(torch.__version__)"],
-                remove=True,
-                network_mode="none",
-            )
-            assert out.decode().strip() == "2.13.0+cpu"
-        finally:
-            docker_client.images.remove(by_digest, force=False)
-
-        verified = envbuild("verify", f"{server.host}/x/torch:latest", "--json")
-        assert verified.returncode == 0, verified.stderr
-        evidence = json.loads(verified.stdout)
-        assert evidence["digest"] == immutable["digest"]
-        assert evidence["smoke"]["image_id"] == immutable["image_id"]
-        assert evidence["smoke"]["passed"] is True
-        assert any(line.startswith("torch==2.13.0") for line in evidence["packages"])
-        # The SBOM: the lock's Python packages (torch, numpy and their dependencies) and dpkg's.
-        sbom = evidence["sbom"]
-        assert sbom["format"] == "CycloneDX 1.6"
-        assert sbom["pypi"] >= 5
-        assert sbom["deb"] >= 50
-        shown = envbuild("verify", f"{server.host}/x/torch:latest")
-        assert shown.returncode == 0, shown.stderr
-        assert "SBOM (CycloneDX 1.6)" in shown.stdout
+    verified = envbuild("verify", f"{server.host}/verified/torch:latest", "--json")
+    assert verified.returncode == 0, verified.stderr
+    evidence = json.loads(verified.stdout)
+    assert evidence["digest"] == immutable["digest"]
+    assert evidence["smoke"]["image_id"] == immutable["image_id"]
+    assert evidence["smoke"]["passed"] is True
+    assert any(line.startswith("torch==2.13.0") for line in evidence["packages"])
+    # The SBOM: the lock's Python packages (torch, numpy and their dependencies) and dpkg's.
+    sbom = evidence["sbom"]
+    assert sbom["format"] == "CycloneDX 1.6"
+    assert sbom["pypi"] >= 5
+    assert sbom["deb"] >= 50
+    shown = envbuild("verify", f"{server.host}/verified/torch:latest")
+    assert shown.returncode == 0, shown.stderr
+    assert "SBOM (CycloneDX 1.6)" in shown.stdout
 
 
 def test_an_unvetted_image_is_refused_and_nothing_reaches_the_registry(
@@ -170,43 +177,46 @@ def test_a_registry_that_dies_mid_push_leaves_no_published_record(
 
 
 def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence(
-    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+    docker_client: docker.DockerClient,
+    torch_cpu_build: Any,
+    shared_registry: RegistryServer,
+    tmp_path: Path,
 ) -> None:
     image = image_id(docker_client)
     before = len(ResultStore.default().publications(image))
-    with RegistryServer(tmp_path / "registry") as server:
-        reports = [tmp_path / "a.json", tmp_path / "b.json"]
-        command = [sys.executable, "-m", "envbuild", "publish", *SELECT, "--registry", f"{server.host}/both"]  # fmt: skip
-        processes = [
-            subprocess.Popen(
-                [*command, "--report", str(report)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for report in reports
-        ]
-        for process in processes:
-            _, err = process.communicate(timeout=600)
-            assert process.returncode == 0, err
-        evidence = {
-            p["digest"]
-            for report in reports
-            for p in json.loads(report.read_text())["published"]
-            if p["kind"] == "evidence"
-        }
-        immutable = next(
-            p for p in json.loads(reports[0].read_text())["published"] if p["kind"] == "immutable"
+    server = shared_registry
+    reports = [tmp_path / "a.json", tmp_path / "b.json"]
+    command = [sys.executable, "-m", "envbuild", "publish", *SELECT, "--registry", f"{server.host}/both"]  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [*command, "--report", str(report)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        fallback = "sha256-" + immutable["digest"].split(":", 1)[1]
-        index = requests.get(
-            f"{server.url}/v2/both/torch/manifests/{fallback}",
-            headers={"Accept": "application/vnd.oci.image.index.v1+json"},
-            timeout=10,
-        ).json()
-        assert evidence <= {d["digest"] for d in index["manifests"]}  # neither write was lost
-        verified = envbuild("verify", f"{server.host}/both/torch:latest")
-        assert verified.returncode == 0, verified.stderr
+        for report in reports
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+    evidence = {
+        p["digest"]
+        for report in reports
+        for p in json.loads(report.read_text())["published"]
+        if p["kind"] == "evidence"
+    }
+    immutable = next(
+        p for p in json.loads(reports[0].read_text())["published"] if p["kind"] == "immutable"
+    )
+    fallback = "sha256-" + immutable["digest"].split(":", 1)[1]
+    index = requests.get(
+        f"{server.url}/v2/both/torch/manifests/{fallback}",
+        headers={"Accept": "application/vnd.oci.image.index.v1+json"},
+        timeout=10,
+    ).json()
+    assert evidence <= {d["digest"] for d in index["manifests"]}  # neither write was lost
+    verified = envbuild("verify", f"{server.host}/both/torch:latest")
+    assert verified.returncode == 0, verified.stderr
     records = ResultStore.default().publications(image)
     assert len([r for r in records[before:] if "/both/" in r.reference]) >= 2 * 3
 
@@ -214,26 +224,27 @@ def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence
 def test_build_push_of_an_unchanged_entry_builds_nothing_the_second_time(
     docker_client: docker.DockerClient,
     torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    shared_registry: RegistryServer,
     tmp_path: Path,
 ) -> None:
     """The nightly run where nothing upstream moved: the registry holds the entry's immutable
     tag with its evidence, so the entry is reported as published already, not built or tested."""
     _, _, args = torch_cpu_build
-    with RegistryServer(tmp_path / "registry") as server:
-        registry = f"{server.host}/nightly"
-        first = envbuild(*args[:-1], str(tmp_path / "first.json"), "--push", registry)
-        assert first.returncode == 0, first.stderr[-3000:]
-        assert "immutable" in first.stdout
-        pushed = catalog(server)
-        assert pushed == ["nightly/torch"]
+    server = shared_registry
+    registry = f"{server.host}/nightly"
+    first = envbuild(*args[:-1], str(tmp_path / "first.json"), "--push", registry)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "immutable" in first.stdout
+    pushed = repositories(server, "nightly")
+    assert pushed == ["nightly/torch"]
 
-        again = envbuild(*args[:-1], str(tmp_path / "again.json"), "--push", registry)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert "published already" in again.stderr
-        assert "publishing" not in again.stderr  # nothing pushed a second time
-        (result,) = json.loads((tmp_path / "again.json").read_text())["results"]
-        assert result["status"] == "published"
-        assert result["published"].startswith(f"{registry}/torch:2.13.0-cpu-py3.11-bookworm-")
-        assert result["image"] is None
-        assert result["smoke"] is None
-        assert catalog(server) == pushed
+    again = envbuild(*args[:-1], str(tmp_path / "again.json"), "--push", registry)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "published already" in again.stderr
+    assert "publishing" not in again.stderr  # nothing pushed a second time
+    (result,) = json.loads((tmp_path / "again.json").read_text())["results"]
+    assert result["status"] == "published"
+    assert result["published"].startswith(f"{registry}/torch:2.13.0-cpu-py3.11-bookworm-")
+    assert result["image"] is None
+    assert result["smoke"] is None
+    assert repositories(server, "nightly") == pushed
