@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 from envbuild.errors import BadInput, EnvbuildError
 from envbuild.models import BuildOptions, Entry, Knowledge
 from envbuild.redact import redact
-from envbuild.trust import verify_setting
+from envbuild.trust import trust_session
 from envbuild.wheelhouse import framework_index
 
 UV_TIMEOUT_S = 300
@@ -214,6 +214,7 @@ def refused_index(entry: Entry, options: BuildOptions) -> str | None:
     same proxy and CA bundle; the message names the index's origin, never its credentials."""
     import requests
 
+    from envbuild.payload.install_env import refused_line
     from envbuild.proxy import route_session
 
     name = re.split(r"[=<>!~\[; ]", entry.install.requirement, maxsplit=1)[0]
@@ -221,28 +222,21 @@ def refused_index(entry: Entry, options: BuildOptions) -> str | None:
     with requests.Session() as session:
         session.trust_env = False  # the chosen proxy only, and no .netrc
         route_session(session, options.proxy)
+        trust_session(session, options.ca_bundle)
         for url in filter(None, urls):
             parts = urlsplit(url)
-            page = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"  # [::1]:port kept
-            page += parts.path.rstrip("/") + f"/{name}/"
+            origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"  # [::1]:port kept
+            path = f"{parts.path.rstrip('/')}/{name}/"
             auth = (
                 (unquote(parts.username), unquote(parts.password or "")) if parts.username else None
             )
             try:
                 answer = session.get(
-                    page, auth=auth, timeout=10, allow_redirects=False, stream=True,
-                    verify=verify_setting(options.ca_bundle),
-                )  # fmt: skip
+                    origin + path, auth=auth, timeout=10, allow_redirects=False, stream=True
+                )
                 answer.close()
             except (requests.RequestException, ValueError):
                 continue
             if answer.status_code in (401, 403):
-                where = page.split("://", 1)[1].split("/", 1)[0]
-                said = "it wants credentials" if auth is None else "it refused the credentials"
-                return (
-                    f"the package index at {parts.scheme}://{where} answered HTTP "
-                    f"{answer.status_code} to {parts.path.rstrip('/')}/{name}/: {said}; check "
-                    "the user and token in its URL (--index-url, --extra-index-url) and that "
-                    "they may read that index"
-                )
+                return refused_line(origin, path, answer.status_code, credentials=auth is not None)
     return None

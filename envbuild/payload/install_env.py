@@ -263,15 +263,22 @@ def refused_index(config: Config, package: str, ca_path: str | None) -> str | No
         except (OSError, ValueError):
             continue
         if status in (401, 403):
-            said = (
-                "it wants credentials" if parts.username is None else "it refused the credentials"
-            )
-            return (
-                f"the package index at {parts.scheme}://{host} answered HTTP {status} to "
-                f"{parts.path.rstrip('/')}/{package}/: {said}; check the user and token in its URL "
-                "(--index-url, --extra-index-url) and that they may read that index"
-            )
+            return refused_line(
+                f"{parts.scheme}://{host}", f"{parts.path.rstrip('/')}/{package}/", status,
+                credentials=parts.username is not None,
+            )  # fmt: skip
     return None
+
+
+def refused_line(origin: str, path: str, status: int, *, credentials: bool) -> str:
+    """The line for an index that answered `status` (401 or 403) to `path`: the same from the
+    build and from `envbuild lock` on the host (uv_resolve)."""
+    said = "it refused the credentials" if credentials else "it wants credentials"
+    return (
+        f"the package index at {origin} answered HTTP {status} to {path}: {said}; check the "
+        "user and token in its URL (--index-url, --extra-index-url) and that they may read "
+        "that index"
+    )
 
 
 class Phases:
