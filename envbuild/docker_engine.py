@@ -22,7 +22,7 @@ from docker.types import DeviceRequest
 
 from envbuild.engine import EngineInfo, ImageInfo, RunResult
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
-from envbuild.interrupt import RUN_LABEL, run_id
+from envbuild.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_alive, run_id, run_place
 from envbuild.labels import INSTALL_STAGE, STAGE
 from envbuild.models import BaseProbe, ProxySettings
 from envbuild.references import split_tag
@@ -360,7 +360,11 @@ class DockerEngine:
                 ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if gpus else None,
                 device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
                 network_mode="none",
-                labels={"org.envbuild.role": "smoke", RUN_LABEL: run_id()},
+                labels={
+                    "org.envbuild.role": "smoke",
+                    RUN_LABEL: run_id(),
+                    RUN_PLACE_LABEL: run_place(),
+                },
             )
             for path, data in (files or {}).items():
                 container.put_archive("/", _tar_of(path, data))
@@ -408,14 +412,15 @@ class DockerEngine:
     def remove_leftovers(self) -> int:
         """Remove stopped containers that only a dead run leaves: envbuild's smoke containers and
         the install step's (and the builder stage's of older envbuild versions), kept by an
-        engine that died mid-build; return how many."""
+        engine that died mid-build or a run that died; return how many. Another run on the same
+        engine (parallel CI jobs on one runner) keeps its own: see `left_behind`."""
         removed = 0
         for label in ("org.envbuild.role=smoke", INSTALL_STAGE, f"{STAGE}=builder"):
             for status in ("exited", "dead", "created"):
                 filters: dict[str, str | list[str] | bool] = {"label": label, "status": status}
                 for container in self._client.containers.list(all=True, filters=filters):
-                    if status == "created" and not _stale(container.attrs.get("Created")):
-                        continue  # another run may be about to start it
+                    if not left_behind(container.attrs, now=time.time()):
+                        continue
                     try:
                         container.remove(force=True)
                         removed += 1
@@ -461,10 +466,47 @@ def _created_at(created: object) -> float:
         return 0.0
 
 
-def _stale(created: object, *, after: float = 120.0) -> bool:
-    """True for a container created more than `after` seconds ago (from the engine's Created)."""
-    made = _created_at(created)
-    return made > 0 and time.time() - made > after
+# Exit codes of a container killed when its engine came back (137), or lost with the machine
+# (255). A container whose command ended by itself meanwhile ends with its own code.
+_LOST_WITH_THE_ENGINE = (137, 255)
+# A live run removes its stopped containers within seconds (the builder commits the install
+# step's and removes it; a smoke run reads its output and removes it); one stopped this long
+# ago belongs to a run that died, wherever it ran.
+LIVE_RUN_GRACE_S = 600.0
+# A container created but not started yet: its run may be about to start it.
+UNSTARTED_GRACE_S = 120.0
+
+
+def left_behind(
+    attrs: dict[str, Any],
+    *,
+    now: float,
+    alive: Callable[[str, str], bool | None] = run_alive,
+) -> bool:
+    """Whether a stopped envbuild container (the engine's inspect document) can only have been
+    left by a dead run. One that another live run still needs is not: the install step's being
+    committed by its builder, a smoke container whose run is reading its output. `alive(run id,
+    place)` says whether a run still runs (None: cannot tell from here)."""
+    state = attrs.get("State") or {}
+    status = state.get("Status") if isinstance(state, dict) else state
+    if status == "dead":
+        return True
+    if status == "created":
+        made = _created_at(attrs.get("Created"))
+        return made > 0 and now - made > UNSTARTED_GRACE_S
+    if status != "exited" or not isinstance(state, dict):
+        return False
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    code = state.get("ExitCode")
+    if code in _LOST_WITH_THE_ENGINE and not state.get("OOMKilled"):
+        return True
+    if labels.get(STAGE) in ("install", "builder") and code != 0:
+        return True  # a failed step: its builder removes it too, it is never committed
+    run = labels.get(RUN_LABEL)
+    if run and alive(str(run), str(labels.get(RUN_PLACE_LABEL, ""))) is False:
+        return True
+    finished = _created_at(state.get("FinishedAt"))
+    return finished > 0 and now - finished > LIVE_RUN_GRACE_S
 
 
 def _info(image: Any) -> ImageInfo:

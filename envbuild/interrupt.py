@@ -20,6 +20,9 @@ from pathlib import Path
 from types import FrameType
 
 RUN_LABEL = "org.envbuild.run"
+# Where a run's pid means something (`run_place`), so that a later run can tell a dead run's
+# containers from those of a run still working beside it.
+RUN_PLACE_LABEL = "org.envbuild.run.place"
 
 
 class Terminated(KeyboardInterrupt):
@@ -44,6 +47,36 @@ def install_sigterm() -> None:
 def run_id() -> str:
     """This process's id on the host: pid plus a random part (pids are reused)."""
     return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+@functools.cache
+def run_place() -> str:
+    """The kernel (its boot id) and the pid namespace this process runs in: a run id's pid names
+    a process only there ("" when either cannot be read)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        namespace = Path("/proc/self/ns/pid").stat().st_ino
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f"{boot}/{namespace}" if boot else ""
+
+
+def run_alive(run: str, place: str) -> bool | None:
+    """Whether the run with id `run`, made at `place`, still runs; None when this process cannot
+    tell (another host, container or pid namespace, or an id it does not recognise)."""
+    here = run_place()
+    pid = run.split("-", 1)[0]
+    if not here or place != here or not pid.isdigit():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    except (OverflowError, ValueError):
+        return None
+    return True
 
 
 def scratch_prefix(kind: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from pathlib import Path
 
 import docker
@@ -11,7 +13,8 @@ import requests
 from envbuild.docker_engine import DockerEngine
 from envbuild.engine import Engine
 from envbuild.errors import EnvbuildError
-from tests.docker_support import envbuild
+from envbuild.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
+from tests.docker_support import TEST_LABEL, envbuild
 from tests.registry_server import RegistryServer
 
 
@@ -148,3 +151,45 @@ def test_a_push_whose_tag_keeps_vanishing_stops_with_one_line(
             engine.push(image, ref, auth_config=None, on_line=lambda _: None)
         assert "\n" not in str(caught.value)
         assert engine.tags == 4
+
+
+def test_a_stopped_container_another_run_still_needs_is_not_removed_as_a_leftover(
+    docker_client: docker.DockerClient, engine: Engine, base_image: str
+) -> None:
+    """Two envbuild runs on one engine (parallel CI jobs on one runner): a run's clean-up of
+    what dead runs left must not take a container that another, live run has just stopped and
+    is still reading (smoke) or committing (the install step). What the engine killed, a failed
+    install step and the smoke container of a run that is gone are a dead run's."""
+    reaped = subprocess.Popen(["true"])
+    reaped.wait()
+    smoke = {TEST_LABEL: "1", "org.envbuild.role": "smoke"}
+    dead_run = {**smoke, RUN_LABEL: f"{reaped.pid}-0badc0de", RUN_PLACE_LABEL: run_place()}
+    live_run = {**smoke, RUN_LABEL: run_id(), RUN_PLACE_LABEL: run_place()}
+    install = {TEST_LABEL: "1", "org.envbuild.stage": "install"}
+    made = {
+        "live run's smoke": (live_run, "true", 0),
+        "committing": (install, "true", 0),
+        "dead run's smoke": (dead_run, "true", 0),
+        "failed step": (install, "false", 1),
+        "killed": (smoke, "sleep 600", 137),  # as the engine does to what ran when it died
+    }
+    containers = {
+        name: docker_client.containers.run(base_image, command.split(), detach=True, labels=labels)
+        for name, (labels, command, _) in made.items()
+    }
+    try:
+        containers["killed"].kill()
+        for name, container in containers.items():
+            assert container.wait(timeout=60)["StatusCode"] == made[name][2], name
+        engine.remove_leftovers()
+        kept = {
+            c.id for c in docker_client.containers.list(all=True, filters={"label": TEST_LABEL})
+        }
+        assert {name for name, c in containers.items() if c.id in kept} == {
+            "live run's smoke",
+            "committing",
+        }
+    finally:
+        for container in containers.values():
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)

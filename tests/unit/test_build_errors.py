@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+from datetime import UTC, datetime
+
 import pytest
 
-from envbuild.docker_engine import _build_error, _push_failure, ipv4_gateway
+from envbuild.docker_engine import (
+    LIVE_RUN_GRACE_S,
+    _build_error,
+    _push_failure,
+    ipv4_gateway,
+    left_behind,
+)
+from envbuild.interrupt import run_alive, run_id, run_place
 
 SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
 
@@ -82,3 +92,88 @@ def test_the_gateway_of_a_network_is_read_or_derived_from_its_subnet(
     config: object, gateway: str | None
 ) -> None:
     assert ipv4_gateway({"IPAM": {"Config": config}}) == gateway
+
+
+NOW = 1_800_000_000.0
+
+
+def stamp(seconds_ago: float) -> str:
+    """The engine's time stamp (nanoseconds, Z) of `seconds_ago` before NOW."""
+    moment = datetime.fromtimestamp(NOW - seconds_ago, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.123456789Z")
+
+
+SMOKE = {"org.envbuild.role": "smoke", "org.envbuild.run": "4242-ab12cd34", "org.envbuild.run.place": "boot/1"}  # fmt: skip
+INSTALL = {"org.envbuild.stage": "install"}
+
+
+def exited(code: int, seconds_ago: float = 1, **more: object) -> dict[str, object]:
+    return {"Status": "exited", "ExitCode": code, "FinishedAt": stamp(seconds_ago), **more}
+
+
+@pytest.mark.parametrize(
+    ("state", "labels", "run", "left"),
+    [
+        # Killed when the engine came back, or lost with the machine.
+        (exited(137), INSTALL, None, True),
+        (exited(255), SMOKE, True, True),
+        ({"Status": "dead", "ExitCode": 0, "FinishedAt": stamp(1)}, SMOKE, True, True),
+        # The install step failed: its builder never commits it (and removes it too).
+        (exited(1), INSTALL, None, True),
+        # The install step just ended well: a live builder is committing it.
+        (exited(0), INSTALL, None, False),
+        # A smoke container whose run is dead (here: same kernel and pid namespace).
+        (exited(0), SMOKE, False, True),
+        # ... whose run still reads its output, or whose run this process cannot see.
+        (exited(0), SMOKE, True, False),
+        (exited(1, 30), SMOKE, None, False),
+        # Killed for memory: its run reads why.
+        (exited(137, OOMKilled=True), SMOKE, True, False),
+        # Ended long ago: its run died, wherever it ran.
+        (exited(0, LIVE_RUN_GRACE_S + 1), INSTALL, None, True),
+        (exited(0, LIVE_RUN_GRACE_S + 1), SMOKE, None, True),
+        ({"Status": "exited", "ExitCode": 0, "FinishedAt": "0001-01-01T00:00:00Z"}, SMOKE, None, False),
+        ({"Status": "exited", "ExitCode": 0, "FinishedAt": "not a time"}, SMOKE, None, False),
+        ("exited", SMOKE, False, False),  # the list endpoint's bare state: not enough to judge
+        (None, SMOKE, False, False),
+        ({"Status": "running", "ExitCode": 0}, SMOKE, False, False),
+    ],
+)  # fmt: skip
+def test_only_what_a_dead_run_left_is_a_leftover(
+    state: object, labels: dict[str, str], run: bool | None, left: bool
+) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def alive(run_id: str, place: str) -> bool | None:
+        asked.append((run_id, place))
+        return run
+
+    attrs = {"State": state, "Created": stamp(900), "Config": {"Labels": labels}}
+    assert left_behind(attrs, now=NOW, alive=alive) is left
+    assert set(asked) <= {("4242-ab12cd34", "boot/1")}
+
+
+@pytest.mark.parametrize(("created_ago", "left"), [(10, False), (300, True)])
+def test_a_container_never_started_is_left_once_no_run_can_be_about_to_start_it(
+    created_ago: float, left: bool
+) -> None:
+    attrs = {"State": {"Status": "created", "ExitCode": 0}, "Created": stamp(created_ago)}
+    assert left_behind(attrs, now=NOW, alive=lambda run, place: None) is left
+
+
+def test_a_run_is_alive_while_its_process_runs_and_only_where_its_pid_means_it() -> None:
+    here = run_place()
+    assert here  # Linux: the boot id and the pid namespace are readable
+    assert run_alive(run_id(), here) is True
+    dead = f"{_reaped_pid()}-00000000"  # its pid names no process now
+    assert run_alive(dead, here) is False
+    assert run_alive(run_id(), "another-boot/1") is None  # another host or container
+    assert run_alive(run_id(), "") is None
+    assert run_alive("not-a-run", here) is None
+    assert run_alive(f"{10**30}-ab", here) is None
+
+
+def _reaped_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
