@@ -3,10 +3,19 @@
 Nothing here skips: a missing engine, base image or wheel fails the run with the fix to apply.
 Every image the tests make is tagged under TEST_REPOSITORY or labelled TEST_LABEL and removed at
 the end of the session (and leftovers of an interrupted session at its start).
+
+The tiers may run in two lanes on one engine (pytest-xdist, `-n 2 --dist loadfile`, a module
+per lane at a time; scripts/test.sh does): what a whole session makes once (the torch CPU image,
+the CPU matrix, the results store) is then made once for both lanes, under a file lock in
+`shared_root`, and the engine is cleaned when the first lane starts and the last one ends.
+Tests marked `alone` (they kill the engine, or measure) run after the lanes, by themselves:
+ENVBUILD_TEST_SHARED names the folder the two runs share, and ENVBUILD_TEST_KEEP_IMAGES=1 keeps
+the lanes' images for that second run.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -14,7 +23,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +76,46 @@ def derive(
     return tag
 
 
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every lane of this test run shares (see the module's docstring)."""
+    given = os.environ.get("ENVBUILD_TEST_SHARED")
+    if given:
+        path = Path(given)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.getbasetemp().parent  # xdist: <basetemp>/popen-gwN per worker
+    else:
+        path = tmp_path_factory.getbasetemp()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (made if missing) across processes."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def once(root: Path, name: str, make: Callable[[], dict[str, object]]) -> dict[str, object]:
+    """`make()` run once for every lane of the test run: the first lane runs it (the others wait)
+    and keeps its JSON result in `root`; the others read that."""
+    done = root / f"once-{name}.json"
+    with locked(root / f"once-{name}.lock"):
+        if done.is_file():
+            return dict(json.loads(done.read_text()))
+        made = make()
+        done.write_text(json.dumps(made))
+        return made
+
+
+def _read_count(path: Path) -> int:
+    return int(path.read_text() or 0) if path.is_file() else 0
+
+
 def _remove_test_images(client: docker.DockerClient) -> None:
     for image in client.images.list():
         if any(tag.startswith("envbuild-test/") for tag in image.tags):
@@ -93,7 +143,8 @@ def _remove_test_images(client: docker.DockerClient) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Smoke and publish records of the tests go to a throwaway store, not the user's."""
-    path = tmp_path_factory.mktemp("envbuild-data")
+    path = shared_root(tmp_path_factory) / "envbuild-data"  # both lanes: they share records
+    path.mkdir(exist_ok=True)
     before = os.environ.get("ENVBUILD_DATA_DIR")
     os.environ["ENVBUILD_DATA_DIR"] = str(path)
     yield path
@@ -104,15 +155,28 @@ def isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
 
 @pytest.fixture(scope="session")
-def docker_client() -> Iterator[docker.DockerClient]:
+def docker_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[docker.DockerClient]:
+    """The engine, cleaned of test images when the first lane starts and the last one ends."""
     try:
         connect()
     except EngineUnavailable as exc:
         pytest.fail(f"{exc.message} (these tests need a real engine; .ci/run starts one)")
     client = docker.from_env(timeout=600)
-    _remove_test_images(client)
+    root = shared_root(tmp_path_factory)
+    users, cleaned = root / "engine-users", root / "engine-cleaned"
+    with locked(root / "engine.lock"):
+        if not cleaned.exists():
+            _remove_test_images(client)
+            cleaned.touch()
+        users.write_text(str(_read_count(users) + 1))
     yield client
-    _remove_test_images(client)
+    with locked(root / "engine.lock"):
+        left = _read_count(users) - 1
+        users.write_text(str(left))
+        if left == 0 and os.environ.get("ENVBUILD_TEST_KEEP_IMAGES") != "1":
+            _remove_test_images(client)
+            for made in root.glob("once-*.json"):  # what they held is gone
+                made.unlink()
     client.close()
 
 
@@ -147,11 +211,15 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert wheels, (
         f"no torch 2.13.0 CPU wheel in {source}; run scripts/wheelhouse.sh (or set ENVBUILD_TEST_WHEELHOUSE)"
     )
-    path = tmp_path_factory.mktemp("wheelhouse")
-    try:
-        (path / wheels[0].name).hardlink_to(wheels[0])
-    except OSError:
-        shutil.copyfile(wheels[0], path / wheels[0].name)
+    root = shared_root(tmp_path_factory)
+    path = root / "wheelhouse"  # one for both lanes: the session's builds name it
+    with locked(root / "wheelhouse.lock"):
+        if not (path / wheels[0].name).is_file():
+            path.mkdir(exist_ok=True)
+            try:
+                (path / wheels[0].name).hardlink_to(wheels[0])
+            except OSError:
+                shutil.copyfile(wheels[0], path / wheels[0].name)
     return path
 
 
@@ -208,11 +276,21 @@ def torch_cpu_build(
     ca_bundle: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, object], list[str]]:
-    """Build (and smoke-test) the torch CPU image once per session: (process, report, args)."""
-    report = tmp_path_factory.mktemp("torch-cpu") / "r.json"
-    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, report)
-    result = envbuild(*args)
-    assert result.returncode == 0, result.stderr[-3000:]
+    """Build (and smoke-test) the torch CPU image once per test run: (process, report, args)."""
+    root = shared_root(tmp_path_factory)
+
+    def build() -> dict[str, object]:
+        folder = root / "torch-cpu"
+        folder.mkdir(exist_ok=True)
+        args = torch_cpu_args(base_image, wheelhouse, ca_bundle, folder / "r.json")
+        result = envbuild(*args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return {"args": args, "stdout": result.stdout, "stderr": result.stderr}
+
+    made = once(root, "torch-cpu", build)
+    args = [str(a) for a in made["args"]]  # type: ignore[attr-defined]
+    result = subprocess.CompletedProcess(args, 0, str(made["stdout"]), str(made["stderr"]))
+    report = Path(args[args.index("--report") + 1])
     return result, json.loads(report.read_text()), args
 
 
@@ -240,18 +318,33 @@ def cpu_matrix(
     torch_cpu_build: object,  # built first, so its own tests see it built; here it is found
 ) -> CpuMatrix:
     """Build examples/cpu.yaml two entries at a time (TensorFlow and JAX from PyPI through the CA
-    bundle, torch from the wheelhouse), with a JSON report, JUnit and a step summary."""
-    folder = tmp_path_factory.mktemp("cpu-matrix")
+    bundle, torch from the wheelhouse), with a JSON report, JUnit and a step summary; once per
+    test run."""
+    root = shared_root(tmp_path_factory)
+    folder = root / "cpu-matrix"
     report, junit, summary = folder / "r.json", folder / "junit.xml", folder / "summary.md"
-    matrix = folder / "cpu.yaml"  # a copy: its locks are written beside it, not into the tree
-    shutil.copyfile(REPO / "matrices" / "examples" / "cpu.yaml", matrix)
-    result = envbuild(
-        "build", "-m", str(matrix), "--jobs", "2", "--keep-going",
-        "--base-image", base_image, "--ca-bundle", str(ca_bundle), "--wheelhouse", str(wheelhouse),
-        "--index-url", TEST_INDEX, "--repository", TEST_REPOSITORY,
-        "--report", str(report), "--junit", str(junit),
-        env={"GITHUB_STEP_SUMMARY": str(summary)},
-    )  # fmt: skip
+
+    def build() -> dict[str, object]:
+        folder.mkdir(exist_ok=True)
+        matrix = folder / "cpu.yaml"  # a copy: its locks are written beside it, not into the tree
+        shutil.copyfile(REPO / "matrices" / "examples" / "cpu.yaml", matrix)
+        result = envbuild(
+            "build", "-m", str(matrix), "--jobs", "2", "--keep-going",
+            "--base-image", base_image, "--ca-bundle", str(ca_bundle),
+            "--wheelhouse", str(wheelhouse), "--index-url", TEST_INDEX,
+            "--repository", TEST_REPOSITORY, "--report", str(report), "--junit", str(junit),
+            env={"GITHUB_STEP_SUMMARY": str(summary)},
+        )  # fmt: skip
+        return {"args": result.args, "code": result.returncode,
+                "stdout": result.stdout, "stderr": result.stderr}  # fmt: skip
+
+    made = once(root, "cpu-matrix", build)
+    result = subprocess.CompletedProcess(
+        made["args"],
+        int(made["code"]),
+        str(made["stdout"]),
+        str(made["stderr"]),  # type: ignore[call-overload]
+    )
     return CpuMatrix(result=result, report=report, junit=junit, summary=summary)
 
 

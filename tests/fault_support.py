@@ -4,6 +4,8 @@ its engine, and look for what it left behind (containers, temporary folders, rec
 from __future__ import annotations
 
 import os
+import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -16,20 +18,30 @@ from pathlib import Path
 import docker
 import pytest
 
+from envbuild.interrupt import RUN_LABEL
 from tests.docker_support import torch_cpu_args
 
+# The classic builder's line for the container of a RUN step, in envbuild's build log.
+BUILD_STEP = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$", re.MULTILINE)
 DOCKERD_LOG = Path("/var/log/envbuild-dockerd.log")
 DOCKERD_PID = Path("/var/run/docker.pid")
 
 
 def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """The CLI in the background, with Ctrl-C (SIGINT) at its default as a terminal's would have
+    it: an xdist worker ignores SIGINT, and an ignored signal stays ignored across exec."""
     return subprocess.Popen(
         [sys.executable, "-m", "envbuild", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **env},
+        preexec_fn=_default_sigint,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
@@ -61,14 +73,31 @@ def finish_quietly(process: subprocess.Popen[str], timeout: float) -> tuple[int,
     return process.returncode, stderr
 
 
-def leftovers(docker_client: docker.DockerClient, since: float) -> list[str]:
-    """Containers created since `since` (the engine removes a cancelled build's own)."""
+def run_containers(
+    docker_client: docker.DockerClient, pid: int, log: Path | None = None
+) -> list[str]:
+    """The containers the envbuild process `pid` made that still exist: those labelled with its
+    run id (every container envbuild creates is) and the build steps its build log names
+    (`Running in ID`; the engine removes a cancelled build's own). Only this run's: another run
+    on the same engine (the other test lane) may have containers of its own."""
     found = []
-    for container in docker_client.containers.list(all=True):
-        created = str(container.attrs.get("Created", ""))
-        if created and epoch(created) >= since - 2:
+    for container in docker_client.containers.list(all=True, filters={"label": RUN_LABEL}):
+        if str(container.labels.get(RUN_LABEL, "")).startswith(f"{pid}-"):
             found.append(f"{container.short_id} {container.name} {container.status}")
+    steps = BUILD_STEP.findall(log.read_text(errors="replace")) if log and log.is_file() else []
+    for step in dict.fromkeys(steps):
+        try:
+            container = docker_client.containers.get(step)
+        except docker.errors.NotFound:
+            continue
+        found.append(f"{container.short_id} {container.name} {container.status} (build step)")
     return found
+
+
+def running_smoke(docker_client: docker.DockerClient, pid: int) -> bool:
+    """Whether the envbuild process `pid` has a smoke container running."""
+    found = docker_client.containers.list(filters={"label": "org.envbuild.role=smoke"})
+    return any(str(c.labels.get(RUN_LABEL, "")).startswith(f"{pid}-") for c in found)
 
 
 def epoch(text: object) -> float:

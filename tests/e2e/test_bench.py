@@ -14,7 +14,7 @@ from envbuild.bench_figures import pointer
 from tests.browser_support import open_report
 from tests.docker_support import CpuMatrix, envbuild
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 # Short, so that CI stays short: every section still measures something (what did not fit is
 # listed as skipped); the default budget's figures are in the README.

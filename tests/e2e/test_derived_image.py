@@ -12,37 +12,54 @@ import docker
 import pytest
 import requests
 
-from tests.docker_support import (
-    TEST_LABEL,
-    TEST_REPOSITORY,
-    TORCH_CPU_IMAGE,
-    envbuild,
-    repositories,
-)
+from tests.docker_support import TEST_LABEL, envbuild, repositories
 from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
 
 DERIVED = "envbuild-test-derived/trainer:1"
+# The entry's tag in a repository of this module's own: these tests move it, and other tests
+# (in the other lane) use the session's torch image by its tag meanwhile.
+REPOSITORY = "envbuild-test/derived-{framework}"
+ENTRY_IMAGE = "envbuild-test/derived-torch:2.13.0-cpu-py3.11-bookworm"
 SELECT = ["--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu", "--python", "3.11",
-          "--repository", TEST_REPOSITORY]  # fmt: skip
+          "--repository", REPOSITORY]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def entry_args(torch_cpu_build: tuple[Any, dict[str, Any], list[str]]) -> list[str]:
+    """The session's torch CPU build, into this module's repository (ending in `--report PATH`)."""
+    _, _, args = torch_cpu_build
+    args = list(args)
+    args[args.index("--repository") + 1] = REPOSITORY
+    return args
 
 
 @pytest.fixture(scope="module")
 def ours(
-    docker_client: docker.DockerClient, torch_cpu_build: tuple[Any, dict[str, Any], list[str]]
+    docker_client: docker.DockerClient,
+    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    entry_args: list[str],
+    tmp_path_factory: Any,
 ) -> Iterator[str]:
     """The id of the image envbuild built; the entry's tag points back at it after each test."""
-    image_id = str(docker_client.images.get(TORCH_CPU_IMAGE).id)
+    _, built, _ = torch_cpu_build
+    report = tmp_path_factory.mktemp("derived-entry") / "r.json"
+    tagged = envbuild(*entry_args[:-1], str(report), "--no-smoke")
+    assert tagged.returncode == 0, tagged.stderr[-2000:]
+    (found,) = json.loads(report.read_text())["results"]
+    assert found["status"] == "found"  # the session's image, found by its content hash
+    image_id = str(docker_client.images.get(ENTRY_IMAGE).id)
+    assert image_id == built["results"][0]["image"]["id"]
     yield image_id
-    docker_client.images.get(image_id).tag(TORCH_CPU_IMAGE)
+    docker_client.images.get(image_id).tag(ENTRY_IMAGE)
 
 
 @pytest.fixture(scope="module")
 def derived(docker_client: docker.DockerClient, ours: str, tmp_path_factory: Any) -> str:
     """A team's training image FROM envbuild's, as the issue's reproduction builds it."""
     context = tmp_path_factory.mktemp("derived")
-    (context / "Dockerfile").write_text(f"FROM {TORCH_CPU_IMAGE}\nRUN echo mine > /mine\n")
+    (context / "Dockerfile").write_text(f"FROM {ENTRY_IMAGE}\nRUN echo mine > /mine\n")
     image, _ = docker_client.images.build(
         path=str(context), tag=DERIVED, labels={TEST_LABEL: "1"}, rm=True, network_mode="none"
     )
@@ -59,36 +76,34 @@ def tag_id(docker_client: docker.DockerClient, ref: str) -> str:
 
 def test_a_derived_image_is_not_adopted(
     docker_client: docker.DockerClient,
-    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    entry_args: list[str],
     ours: str,
     derived: str,
     tmp_path: Path,
 ) -> None:
-    _, _, args = torch_cpu_build
     report = tmp_path / "again.json"
-    result = envbuild(*args[:-1], str(report), "--no-smoke")
+    result = envbuild(*entry_args[:-1], str(report), "--no-smoke")
     assert result.returncode == 0, result.stderr[-2000:]
     (again,) = json.loads(report.read_text())["results"]
     assert again["status"] == "found"
     assert again["image"]["id"] == ours
-    assert tag_id(docker_client, TORCH_CPU_IMAGE) == ours
+    assert tag_id(docker_client, ENTRY_IMAGE) == ours
     assert tag_id(docker_client, DERIVED) == derived
 
 
 def test_a_moved_tag_is_restored_by_build(
     docker_client: docker.DockerClient,
-    torch_cpu_build: tuple[Any, dict[str, Any], list[str]],
+    entry_args: list[str],
     ours: str,
     derived: str,
     tmp_path: Path,
 ) -> None:
-    docker_client.images.get(derived).tag(TORCH_CPU_IMAGE)
-    assert tag_id(docker_client, TORCH_CPU_IMAGE) == derived
-    _, _, args = torch_cpu_build
+    docker_client.images.get(derived).tag(ENTRY_IMAGE)
+    assert tag_id(docker_client, ENTRY_IMAGE) == derived
     report = tmp_path / "restore.json"
-    result = envbuild(*args[:-1], str(report), "--no-smoke")
+    result = envbuild(*entry_args[:-1], str(report), "--no-smoke")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert tag_id(docker_client, TORCH_CPU_IMAGE) == ours
+    assert tag_id(docker_client, ENTRY_IMAGE) == ours
     assert derived[:19] in result.stderr  # the user is told which image the tag had moved to
     (again,) = json.loads(report.read_text())["results"]
     assert again["image"]["id"] == ours
@@ -96,7 +111,6 @@ def test_a_moved_tag_is_restored_by_build(
 
 def test_a_vetted_derived_image_is_never_published_in_the_entrys_name(
     docker_client: docker.DockerClient,
-    torch_cpu_build: object,
     ours: str,
     derived: str,
     shared_registry: RegistryServer,
@@ -107,13 +121,13 @@ def test_a_vetted_derived_image_is_never_published_in_the_entrys_name(
     assert smoked.returncode == 0, smoked.stdout[-2000:] + smoked.stderr[-2000:]
 
     server = shared_registry
-    docker_client.images.get(derived).tag(TORCH_CPU_IMAGE)  # `docker tag`, as a user might
+    docker_client.images.get(derived).tag(ENTRY_IMAGE)  # `docker tag`, as a user might
     try:
         by_entry = envbuild("publish", *SELECT, "--registry", f"{server.host}/derived")
-        by_ref = envbuild("publish", TORCH_CPU_IMAGE, "--registry", f"{server.host}/derived")
+        by_ref = envbuild("publish", ENTRY_IMAGE, "--registry", f"{server.host}/derived")
         by_name = envbuild("publish", DERIVED, "--registry", f"{server.host}/derived")
     finally:
-        docker_client.images.get(ours).tag(TORCH_CPU_IMAGE)
+        docker_client.images.get(ours).tag(ENTRY_IMAGE)
     for result in (by_entry, by_ref):
         assert result.returncode == 1, result.stderr
         (line,) = result.stderr.splitlines()
@@ -134,7 +148,7 @@ def test_a_vetted_derived_image_is_never_published_in_the_entrys_name(
     immutable = next(p for p in published if p["kind"] == "immutable")
     assert immutable["image_id"] == ours
     manifest = requests.get(
-        f"{server.url}/v2/derived/torch/manifests/{immutable['digest']}",
+        f"{server.url}/v2/derived/derived-torch/manifests/{immutable['digest']}",
         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
         timeout=10,
     ).json()

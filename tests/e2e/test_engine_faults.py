@@ -19,12 +19,13 @@ from tests.fault_support import (
     kill_engine,
     restart_engine,
     rows,
+    running_smoke,
     scratch,
     start,
     wait_for,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 
 REPOSITORY = "envbuild-test/engine-killed-{framework}"
 IMAGE = "envbuild-test/engine-killed-torch:2.13.0-cpu-py3.11-bookworm"
@@ -95,11 +96,7 @@ def test_engine_killed_mid_smoke(
 ) -> None:
     env = {"ENVBUILD_DATA_DIR": str(tmp_path / "data")}
     process = start(["smoke", TORCH_CPU_IMAGE], env)
-
-    def smoke_running() -> bool:
-        return bool(docker_client.containers.list(filters={"label": "org.envbuild.role=smoke"}))
-
-    wait_for(smoke_running, "the smoke container", 120)
+    wait_for(lambda: running_smoke(docker_client, process.pid), "the smoke container", 120)
     kill_engine()
     _, stderr = process.communicate(timeout=120)
     restart_engine(docker_client)

@@ -3,6 +3,7 @@ every output searched), nor into the one-stage image (every layer, the history, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -82,7 +83,8 @@ def test_no_output_of_a_failed_build_holds_the_index_password(
     for image in docker_client.images.list(all=True):
         created = image.attrs.get("Created", "")
         if created and epoch(created) >= started - 5:
-            outputs[f"image {image.id}"] = json.dumps([image.history(), image.attrs])
+            with contextlib.suppress(docker.errors.NotFound):  # the other lane removed its own
+                outputs[f"image {image.id}"] = json.dumps([image.history(), image.attrs])
     leaked = [(where, n) for where, text in outputs.items() for n in needles if n in text]
     assert leaked == []
     assert len(outputs) >= 5
@@ -174,7 +176,10 @@ def test_no_secret_is_in_any_layer_the_history_or_the_config(
     for other in docker_client.images.list(all=True):
         created = other.attrs.get("Created", "")
         if created and epoch(created) >= one_stage["started"] - 5:
-            text = json.dumps([other.history(), other.attrs]).encode()
+            try:
+                text = json.dumps([other.history(), other.attrs]).encode()
+            except docker.errors.NotFound:  # the other lane removed one of its own meanwhile
+                continue
             assert [n for n in needles if n in text] == [], other.id
 
 
