@@ -12,7 +12,7 @@ from pathlib import Path
 
 from envbuild import __version__
 from envbuild import labels as label_keys
-from envbuild.build_server import serve_build
+from envbuild.build_server import SERVE_ARG, serve_build
 from envbuild.engine import Engine, ImageInfo
 from envbuild.errors import BadInput, BuildFailed
 from envbuild.interrupt import scratch_prefix
@@ -34,7 +34,6 @@ from envbuild.store import ResultStore
 log = logging.getLogger(__name__)
 
 # The build argument that carries the build server's URL to the install RUN (install.j2).
-SERVE_ARG = "ENVBUILD_SERVE"
 
 
 def log_dir() -> Path:

@@ -7,8 +7,10 @@ import ipaddress
 import json
 import logging
 import re
+import socket
 import tarfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +22,7 @@ import requests
 import urllib3.exceptions
 from docker.types import DeviceRequest
 
+from envbuild.build_server import SERVE_ARG
 from envbuild.engine import EngineInfo, ImageInfo, RunResult
 from envbuild.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
 from envbuild.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_alive, run_id, run_place
@@ -466,6 +469,34 @@ def _created_at(created: object) -> float:
         return 0.0
 
 
+def _env_value(env: object, name: str) -> str | None:
+    """The value of `name` in a container's Config.Env list."""
+    for item in env if isinstance(env, list) else []:
+        key, _, value = str(item).partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def build_server_answers(url: str) -> bool | None:
+    """Whether envbuild's build server at `url` still accepts connections: False when refused
+    (its run's build is over), None when this host cannot tell (no route, a timeout, a bad URL)."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        host, port = parsed.hostname, parsed.port
+    except ValueError:
+        return None
+    if not host or not port:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return None
+
+
 # Exit codes of a container killed when its engine came back (137), or lost with the machine
 # (255). A container whose command ended by itself meanwhile ends with its own code.
 _LOST_WITH_THE_ENGINE = (137, 255)
@@ -482,11 +513,14 @@ def left_behind(
     *,
     now: float,
     alive: Callable[[str, str], bool | None] = run_alive,
+    serving: Callable[[str], bool | None] = build_server_answers,
 ) -> bool:
     """Whether a stopped envbuild container (the engine's inspect document) can only have been
     left by a dead run. One that another live run still needs is not: the install step's being
     committed by its builder, a smoke container whose run is reading its output. `alive(run id,
-    place)` says whether a run still runs (None: cannot tell from here)."""
+    place)` says whether a run still runs, `serving(url)` whether the build server an install
+    step was given still answers (the run's server lives exactly as long as its build); None:
+    cannot tell from here."""
     state = attrs.get("State") or {}
     status = state.get("Status") if isinstance(state, dict) else state
     if status == "dead":
@@ -500,8 +534,12 @@ def left_behind(
     code = state.get("ExitCode")
     if code in _LOST_WITH_THE_ENGINE and not state.get("OOMKilled"):
         return True
-    if labels.get(STAGE) in ("install", "builder") and code != 0:
-        return True  # a failed step: its builder removes it too, it is never committed
+    if labels.get(STAGE) in ("install", "builder"):
+        if code != 0:
+            return True  # a failed step: its builder removes it too, it is never committed
+        served = _env_value((attrs.get("Config") or {}).get("Env"), SERVE_ARG)
+        if served and serving(served) is False:
+            return True  # its run's build is over (the engine that ran it died meanwhile)
     run = labels.get(RUN_LABEL)
     if run and alive(str(run), str(labels.get(RUN_PLACE_LABEL, ""))) is False:
         return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 from pathlib import Path
 
@@ -158,24 +159,33 @@ def test_a_stopped_container_another_run_still_needs_is_not_removed_as_a_leftove
 ) -> None:
     """Two envbuild runs on one engine (parallel CI jobs on one runner): a run's clean-up of
     what dead runs left must not take a container that another, live run has just stopped and
-    is still reading (smoke) or committing (the install step). What the engine killed, a failed
-    install step and the smoke container of a run that is gone are a dead run's."""
+    is still reading (smoke) or committing (the install step, its run's build server still up).
+    What the engine killed, a failed install step, one whose build server is gone and the smoke
+    container of a run that is gone are a dead run's."""
     reaped = subprocess.Popen(["true"])
     reaped.wait()
     smoke = {TEST_LABEL: "1", "org.envbuild.role": "smoke"}
     dead_run = {**smoke, RUN_LABEL: f"{reaped.pid}-0badc0de", RUN_PLACE_LABEL: run_place()}
     live_run = {**smoke, RUN_LABEL: run_id(), RUN_PLACE_LABEL: run_place()}
     install = {TEST_LABEL: "1", "org.envbuild.stage": "install"}
+    # An install step's run serves its build (ENVBUILD_SERVE) until the build is over.
+    server = socket.create_server(("127.0.0.1", 0))
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        over = closed.getsockname()[1]
+    serving = {"ENVBUILD_SERVE": f"http://127.0.0.1:{server.getsockname()[1]}/t/"}
     made = {
-        "live run's smoke": (live_run, "true", 0),
-        "committing": (install, "true", 0),
-        "dead run's smoke": (dead_run, "true", 0),
-        "failed step": (install, "false", 1),
-        "killed": (smoke, "sleep 600", 137),  # as the engine does to what ran when it died
+        "live run's smoke": (live_run, "true", 0, {}),
+        "committing": (install, "true", 0, serving),
+        "dead run's smoke": (dead_run, "true", 0, {}),
+        "failed step": (install, "false", 1, serving),
+        "killed": (smoke, "sleep 600", 137, {}),  # as the engine does to what ran when it died
+        "build over": (install, "true", 0, {"ENVBUILD_SERVE": f"http://127.0.0.1:{over}/t/"}),
     }
     containers = {
-        name: docker_client.containers.run(base_image, command.split(), detach=True, labels=labels)
-        for name, (labels, command, _) in made.items()
+        name: docker_client.containers.run(
+            base_image, command.split(), detach=True, labels=labels, environment=env
+        )
+        for name, (labels, command, _, env) in made.items()
     }
     try:
         containers["killed"].kill()
@@ -190,6 +200,7 @@ def test_a_stopped_container_another_run_still_needs_is_not_removed_as_a_leftove
             "committing",
         }
     finally:
+        server.close()
         for container in containers.values():
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)

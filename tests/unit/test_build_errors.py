@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from datetime import UTC, datetime
 
@@ -11,6 +12,7 @@ from envbuild.docker_engine import (
     LIVE_RUN_GRACE_S,
     _build_error,
     _push_failure,
+    build_server_answers,
     ipv4_gateway,
     left_behind,
 )
@@ -177,3 +179,36 @@ def _reaped_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+@pytest.mark.parametrize(("serving", "left"), [(False, True), (True, False), (None, False)])
+def test_an_install_step_that_ended_well_is_left_once_its_runs_build_server_is_gone(
+    serving: bool | None, left: bool
+) -> None:
+    """The shim lets an install step finish after its engine died; its build is over when the
+    build server its run gave it (ENVBUILD_SERVE) refuses connections."""
+    url = "http://172.17.0.1:53123/token/"
+    asked: list[str] = []
+
+    def answers(served: str) -> bool | None:
+        asked.append(served)
+        return serving
+
+    attrs = {
+        "State": exited(0),
+        "Created": stamp(60),
+        "Config": {"Labels": INSTALL, "Env": ["PATH=/usr/bin", f"ENVBUILD_SERVE={url}"]},
+    }
+    assert left_behind(attrs, now=NOW, alive=lambda run, place: None, serving=answers) is left
+    assert asked == [url]
+
+
+def test_a_build_server_that_refuses_is_gone_and_one_that_listens_answers() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert build_server_answers(f"http://127.0.0.1:{port}/t/") is True
+    assert build_server_answers(f"http://127.0.0.1:{port}/t/") is False  # closed: refused
+    assert build_server_answers("http://127.0.0.1/t/") is None  # no port: cannot tell
+    assert build_server_answers("http://[::1/t/") is None
