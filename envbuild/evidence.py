@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from envbuild.registry import (
     RegistryClient,
     RegistryError,
     RegistryNotFound,
+    RegistryRejected,
     is_digest,
     json_or_none,
     manifest_bytes,
@@ -40,6 +42,8 @@ from envbuild.store import StateError, data_dir
 log = logging.getLogger(__name__)
 
 _MERGE_TRIES = 3
+# Puts of an evidence manifest whose blob the registry has briefly lost (concurrent uploads).
+_BLOB_TRIES = 3
 
 SMOKE_REPORT = "smoke-report.json"
 PACKAGES = "packages.txt"
@@ -80,14 +84,19 @@ def _attach(
     artifact_type: str,
 ) -> str:
     subject_digest, subject_media_type, subject_size = subject
-    layers = []
-    for name, (data, media_type) in sorted(files.items()):
-        descriptor = client.push_blob(repository, data, media_type)
-        layers.append({**descriptor, "annotations": {TITLE_ANNOTATION: name}})
-    config = {
-        **client.push_blob(repository, EMPTY_CONFIG, OCI_EMPTY),
-        "data": base64.b64encode(EMPTY_CONFIG).decode("ascii"),
-    }
+
+    def push_blobs() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        layers = []
+        for name, (data, media_type) in sorted(files.items()):
+            descriptor = client.push_blob(repository, data, media_type)
+            layers.append({**descriptor, "annotations": {TITLE_ANNOTATION: name}})
+        config = {
+            **client.push_blob(repository, EMPTY_CONFIG, OCI_EMPTY),
+            "data": base64.b64encode(EMPTY_CONFIG).decode("ascii"),
+        }
+        return layers, config
+
+    layers, config = push_blobs()
     annotations = {CREATED_ANNOTATION: _now_rfc3339()}
     manifest = {
         "schemaVersion": 2,
@@ -103,7 +112,19 @@ def _attach(
         "annotations": annotations,
     }
     body = manifest_bytes(manifest)
-    digest, response = client.put_manifest(repository, sha256(body), body, OCI_MANIFEST)
+    for attempt in range(1, _BLOB_TRIES + 1):
+        try:
+            digest, response = client.put_manifest(repository, sha256(body), body, OCI_MANIFEST)
+            break
+        except RegistryRejected as exc:
+            # Two publishers of the same evidence upload the same blobs at once, and a registry
+            # may briefly not know a blob the other's upload is committing: upload what it lacks
+            # again, then put the manifest again.
+            if "MANIFEST_BLOB_UNKNOWN" not in exc.codes or attempt == _BLOB_TRIES:
+                raise
+            log.info("%s lacked a blob of the evidence manifest; uploading again", client.host)
+            time.sleep(0.5 * attempt)
+            push_blobs()
     if response.headers.get("OCI-Subject") == subject_digest:
         log.info("%s indexes referrers itself; no fallback tag needed", client.host)
         return digest

@@ -381,7 +381,7 @@ class RegistryConnection:
         msg = f"registry {self.host} refused {method} {what} with HTTP {status}" + (
             f" ({detail})" if detail else ""
         )
-        return RegistryRejected(msg, status=status)
+        return RegistryRejected(msg, status=status, codes=tuple(codes))
 
 
 def _error_codes(body: bytes) -> dict[str, str]:

@@ -24,9 +24,10 @@ class RegistryNotFound(RegistryError):
 class RegistryRejected(RegistryError):
     """The registry answered a request with an error that retrying will not fix."""
 
-    def __init__(self, message: str, *, status: int) -> None:
+    def __init__(self, message: str, *, status: int, codes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.status = status
+        self.codes = codes  # the OCI error codes of its body
 
 
 class DigestMismatch(RegistryError):

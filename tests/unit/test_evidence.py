@@ -61,6 +61,9 @@ class Storage:
         self.rival: bytes | None = None  # what another publisher writes over a fallback tag
         self.rival_writes = 0  # ... right after each of our next N writes there
         self.tag_pause = 0.0  # seconds before answering a read of a fallback tag
+        # The next N puts of an artifact manifest find its blobs gone, as a registry committing
+        # another publisher's upload of the same blobs may answer.
+        self.lose_blobs = 0
         self._uploads = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -108,6 +111,12 @@ class Storage:
 
     def _put_manifest(self, repository: str, reference: str, seen: Seen) -> Answer:
         digest = sha256(seen.body)
+        layers = json.loads(seen.body).get("layers") or []
+        if self.lose_blobs > 0 and json.loads(seen.body).get("subject"):
+            self.lose_blobs -= 1
+            for layer in layers:
+                self.blobs.pop(layer["digest"], None)
+            return oci_error(400, "MANIFEST_BLOB_UNKNOWN", "blob unknown to registry")
         media_type = seen.headers.get("Content-Type", "")
         stored = seen.body
         if reference.startswith("sha256-") and self.rival is not None and self.rival_writes > 0:
@@ -666,3 +675,25 @@ def test_hostile_registry_records_what_a_client_uploads() -> None:
     with HostileRegistry(keep) as server, RegistryClient(server.host, credentials=None) as client:
         client.push_manifest(REPOSITORY, "t", b'{"schemaVersion":2}', OCI_MANIFEST)
     assert bodies == [b'{"schemaVersion":2}']
+
+
+def test_a_blob_the_registry_briefly_lost_is_uploaded_again(
+    client: RegistryClient, storage: Storage, registry: HostileRegistry
+) -> None:
+    image = push_image(client, "2.4")
+    files = evidence_files("sha256:" + "a" * 64)
+    storage.lose_blobs = 1
+    artifact = attach(client, image, files)
+    assert find_evidence(client, REPOSITORY, image[0]) == plain(files)
+    assert storage.document(artifact)["subject"]["digest"] == image[0]
+    assert len(registry.requests_to(r"/manifests/sha256:")) >= 2  # put again after the upload
+
+
+def test_a_blob_the_registry_keeps_losing_fails_in_one_line(
+    client: RegistryClient, storage: Storage
+) -> None:
+    image = push_image(client, "2.4")
+    storage.lose_blobs = 10
+    with pytest.raises(RegistryError) as failed:
+        attach(client, image, evidence_files("sha256:" + "a" * 64))
+    assert "MANIFEST_BLOB_UNKNOWN" in one_line(failed.value)
