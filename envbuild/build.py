@@ -33,8 +33,6 @@ from envbuild.store import ResultStore
 
 log = logging.getLogger(__name__)
 
-# The build argument that carries the build server's URL to the install RUN (install.j2).
-
 
 def log_dir() -> Path:
     """Where the full build log of each entry is kept."""

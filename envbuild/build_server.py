@@ -47,10 +47,10 @@ from envbuild.references import shown
 
 log = logging.getLogger(__name__)
 
-# The names install_env.py fetches (it imports nothing of envbuild: keep these in step).
-# The build argument that carries the server's URL into the install step (and so into the
-# environment of its container).
+# The build argument that carries the server's URL to the install RUN (install.j2), and so
+# into the environment of its container.
 SERVE_ARG = "ENVBUILD_SERVE"
+# The names install_env.py fetches (it imports nothing of envbuild: keep these in step).
 CONFIG_NAME = "config.json"
 UV_NAME = "uv"
 CA_NAME = "ca.crt"

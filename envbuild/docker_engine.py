@@ -530,14 +530,15 @@ def left_behind(
         return made > 0 and now - made > UNSTARTED_GRACE_S
     if status != "exited" or not isinstance(state, dict):
         return False
-    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    config = attrs.get("Config") or {}
+    labels = config.get("Labels") or {}
     code = state.get("ExitCode")
     if code in _LOST_WITH_THE_ENGINE and not state.get("OOMKilled"):
         return True
     if labels.get(STAGE) in ("install", "builder"):
         if code != 0:
             return True  # a failed step: its builder removes it too, it is never committed
-        served = _env_value((attrs.get("Config") or {}).get("Env"), SERVE_ARG)
+        served = _env_value(config.get("Env"), SERVE_ARG)
         if served and serving(served) is False:
             return True  # its run's build is over (the engine that ran it died meanwhile)
     run = labels.get(RUN_LABEL)

@@ -100,16 +100,19 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def once(root: Path, name: str, make: Callable[[], dict[str, object]]) -> dict[str, object]:
-    """`make()` run once for every lane of the test run: the first lane runs it (the others wait)
-    and keeps its JSON result in `root`; the others read that."""
+def once(
+    root: Path, name: str, run: Callable[[], subprocess.CompletedProcess[str]]
+) -> subprocess.CompletedProcess[str]:
+    """`run()` (a CLI run) once for every lane of the test run: the first lane runs it (the
+    others wait) and keeps what it printed and its exit code in `root`; the others read that."""
     done = root / f"once-{name}.json"
     with locked(root / f"once-{name}.lock"):
-        if done.is_file():
-            return dict(json.loads(done.read_text()))
-        made = make()
-        done.write_text(json.dumps(made))
-        return made
+        if not done.is_file():
+            result = run()
+            kept = [result.args, result.returncode, result.stdout, result.stderr]
+            done.write_text(json.dumps(kept))
+    args, code, stdout, stderr = json.loads(done.read_text())
+    return subprocess.CompletedProcess(args, code, stdout, stderr)
 
 
 def _read_count(path: Path) -> int:
@@ -278,19 +281,11 @@ def torch_cpu_build(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, object], list[str]]:
     """Build (and smoke-test) the torch CPU image once per test run: (process, report, args)."""
     root = shared_root(tmp_path_factory)
-
-    def build() -> dict[str, object]:
-        folder = root / "torch-cpu"
-        folder.mkdir(exist_ok=True)
-        args = torch_cpu_args(base_image, wheelhouse, ca_bundle, folder / "r.json")
-        result = envbuild(*args)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return {"args": args, "stdout": result.stdout, "stderr": result.stderr}
-
-    made = once(root, "torch-cpu", build)
-    args = [str(a) for a in made["args"]]  # type: ignore[attr-defined]
-    result = subprocess.CompletedProcess(args, 0, str(made["stdout"]), str(made["stderr"]))
-    report = Path(args[args.index("--report") + 1])
+    (root / "torch-cpu").mkdir(exist_ok=True)
+    report = root / "torch-cpu" / "r.json"
+    args = torch_cpu_args(base_image, wheelhouse, ca_bundle, report)
+    result = once(root, "torch-cpu", lambda: envbuild(*args))
+    assert result.returncode == 0, result.stderr[-3000:]
     return result, json.loads(report.read_text()), args
 
 
@@ -324,27 +319,19 @@ def cpu_matrix(
     folder = root / "cpu-matrix"
     report, junit, summary = folder / "r.json", folder / "junit.xml", folder / "summary.md"
 
-    def build() -> dict[str, object]:
+    def build() -> subprocess.CompletedProcess[str]:
         folder.mkdir(exist_ok=True)
         matrix = folder / "cpu.yaml"  # a copy: its locks are written beside it, not into the tree
         shutil.copyfile(REPO / "matrices" / "examples" / "cpu.yaml", matrix)
-        result = envbuild(
+        return envbuild(
             "build", "-m", str(matrix), "--jobs", "2", "--keep-going",
             "--base-image", base_image, "--ca-bundle", str(ca_bundle),
             "--wheelhouse", str(wheelhouse), "--index-url", TEST_INDEX,
             "--repository", TEST_REPOSITORY, "--report", str(report), "--junit", str(junit),
             env={"GITHUB_STEP_SUMMARY": str(summary)},
         )  # fmt: skip
-        return {"args": result.args, "code": result.returncode,
-                "stdout": result.stdout, "stderr": result.stderr}  # fmt: skip
 
-    made = once(root, "cpu-matrix", build)
-    result = subprocess.CompletedProcess(
-        made["args"],
-        int(made["code"]),
-        str(made["stdout"]),
-        str(made["stderr"]),  # type: ignore[call-overload]
-    )
+    result = once(root, "cpu-matrix", build)
     return CpuMatrix(result=result, report=report, junit=junit, summary=summary)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from docker.models.containers import Container
 
 from envbuild.interrupt import RUN_LABEL
 from tests.docker_support import torch_cpu_args
@@ -80,10 +81,11 @@ def run_containers(
     run id (every container envbuild creates is) and the build steps its build log names
     (`Running in ID`; the engine removes a cancelled build's own). Only this run's: another run
     on the same engine (the other test lane) may have containers of its own."""
-    found = []
-    for container in docker_client.containers.list(all=True, filters={"label": RUN_LABEL}):
-        if str(container.labels.get(RUN_LABEL, "")).startswith(f"{pid}-"):
-            found.append(f"{container.short_id} {container.name} {container.status}")
+    found = [
+        f"{container.short_id} {container.name} {container.status}"
+        for container in docker_client.containers.list(all=True, filters={"label": RUN_LABEL})
+        if made_by(container, pid)
+    ]
     steps = BUILD_STEP.findall(log.read_text(errors="replace")) if log and log.is_file() else []
     for step in dict.fromkeys(steps):
         try:
@@ -97,7 +99,12 @@ def run_containers(
 def running_smoke(docker_client: docker.DockerClient, pid: int) -> bool:
     """Whether the envbuild process `pid` has a smoke container running."""
     found = docker_client.containers.list(filters={"label": "org.envbuild.role=smoke"})
-    return any(str(c.labels.get(RUN_LABEL, "")).startswith(f"{pid}-") for c in found)
+    return any(made_by(container, pid) for container in found)
+
+
+def made_by(container: Container, pid: int) -> bool:
+    """Whether the envbuild process `pid` made the container (its run id starts with the pid)."""
+    return str(container.labels.get(RUN_LABEL, "")).startswith(f"{pid}-")
 
 
 def epoch(text: object) -> float:

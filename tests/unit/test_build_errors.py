@@ -212,3 +212,22 @@ def test_a_build_server_that_refuses_is_gone_and_one_that_listens_answers() -> N
     assert build_server_answers(f"http://127.0.0.1:{port}/t/") is False  # closed: refused
     assert build_server_answers("http://127.0.0.1/t/") is None  # no port: cannot tell
     assert build_server_answers("http://[::1/t/") is None
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        None,
+        "ENVBUILD_SERVE=http://127.0.0.1:1/t/",  # a string, not the engine's list
+        [{"ENVBUILD_SERVE": "x"}, 7, None],
+        ["ENVBUILD_SERVE"],  # no value
+        ["ENVBUILD_SERVE=http://127.0.0.1:99999/t/"],  # no such port
+        ["ENVBUILD_SERVE=" + "h" * 100_000],
+        ["ENVBUILD_SERVE=\udcff\x00://[::1"],
+    ],
+)
+def test_a_hostile_environment_in_the_engines_answer_keeps_the_install_step(env: object) -> None:
+    """What the engine says of a container is not trusted: an environment that names no build
+    server this host can judge leaves the install step to the 10-minute rule."""
+    attrs = {"State": exited(0), "Config": {"Labels": INSTALL, "Env": env}}
+    assert left_behind(attrs, now=NOW, alive=lambda run, place: None) is False
