@@ -41,14 +41,25 @@ _PROBE_SCRIPT = (
     "python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])'; fi"
 )
 
-# How many times a push tags again after a concurrent publisher dropped the shared local tag.
+# How many times a push tags again after a concurrent publisher dropped the shared local tag,
+# and how many times it tries again after the registry answered a transient error.
 _PUSH_TRIES = 4
+# Seconds before the first retry of a push the registry failed; doubled at each further try.
+_PUSH_BACKOFF = 1.0
 # How the engine says the tag to push is gone: the tag alone, or every tag of the repository.
 _NO_SUCH_TAG = ("tag does not exist", "An image does not exist locally with the tag")
+# How the engine reports a registry's answer that retrying can fix (429, 5xx): the engine itself
+# does not retry an unexpected status, and a registry under concurrent commits of the same blob
+# answers 500 to one of them.
+_TRANSIENT_STATUS = re.compile(r"unexpected HTTP status: (429|5\d\d)\b")
 
 
 class _TagVanished(Exception):
     """The local tag a push needs was removed before the engine read it."""
+
+
+class _RegistryBusy(Exception):
+    """The registry answered the engine's push with a status that retrying can fix."""
 
 
 def ipv4_gateway(network_attrs: dict[str, Any]) -> str | None:
@@ -244,20 +255,33 @@ class DockerEngine:
         Two publishers of one image on one engine share the local tag `ref`: the first to finish
         drops it, and the other's push, if it had not yet begun, finds no such tag. That push
         tags again and retries; each publisher drops the tag once, so a few tries suffice.
+        A registry's 429 or 5xx is retried too, after a backoff: the engine retries neither,
+        and the layers pushed already are not uploaded again.
         """
-        for _ in range(_PUSH_TRIES - 1):
+        vanished = busy = 0
+        while True:
             try:
                 return self._push_once(image_id, ref, auth_config=auth_config, on_line=on_line)
             except _TagVanished:
+                vanished += 1
+                if vanished >= _PUSH_TRIES:
+                    msg = (
+                        f"push of {ref} failed: the local tag was removed {_PUSH_TRIES} times "
+                        "while pushing (another process untagging it?); publish again"
+                    )
+                    raise EnvbuildError(msg) from None
                 log.info("the local tag %s was removed by another publisher; tagging again", ref)
-        try:
-            return self._push_once(image_id, ref, auth_config=auth_config, on_line=on_line)
-        except _TagVanished:
-            msg = (
-                f"push of {ref} failed: the local tag was removed {_PUSH_TRIES} times while"
-                " pushing (another process untagging it?); publish again"
-            )
-            raise EnvbuildError(msg) from None
+            except _RegistryBusy as exc:
+                busy += 1
+                if busy >= _PUSH_TRIES:
+                    msg = (
+                        f"{_push_failure(ref, str(exc))} ({_PUSH_TRIES} tries); publish again later"
+                    )
+                    raise EnvbuildError(msg) from None
+                wait = _PUSH_BACKOFF * 2 ** (busy - 1)
+                log.warning("push of %s: %s; retrying in %g s", ref, exc, wait)
+                on_line(f"the registry answered {exc}; retrying in {wait:g} s")
+                time.sleep(wait)
 
     def _push_once(
         self,
@@ -280,6 +304,8 @@ class DockerEngine:
                     error = str(chunk["error"]).strip()
                     if error.startswith(_NO_SUCH_TAG):
                         raise _TagVanished(error)
+                    if _TRANSIENT_STATUS.search(error):
+                        raise _RegistryBusy(error)
                     raise EnvbuildError(_push_failure(ref, error))
                 if "status" in chunk and chunk.get("id") is None:
                     on_line(str(chunk["status"]))

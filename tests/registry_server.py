@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import secrets
 import shutil
@@ -17,6 +18,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -325,3 +328,151 @@ class RegistryServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@dataclass
+class Fault:
+    """Answer `status` to the first `times` requests that `matches(method, path)` picks."""
+
+    matches: Callable[[str, str], bool]
+    times: int = 1
+    status: int = 500
+    met: int = 0
+
+
+class FaultyFront:
+    """A reverse proxy on a loopback port in front of a real registry that answers each fault's
+    status to the requests it picks, and relays every other request unchanged.
+
+    Bodies are relayed as they arrive (Content-Length or chunked, as the engine's layer uploads
+    send them), the Host header is kept, so the registry's upload Locations name the front.
+    """
+
+    def __init__(self, upstream: RegistryServer, *faults: Fault) -> None:
+        self.upstream = upstream
+        self.failed: list[str] = []  # "METHOD path" of each request a fault answered
+        self._faults = faults
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> FaultyFront:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.met < fault.times and fault.matches(method, path):
+                    fault.met += 1
+                    self.failed.append(f"{method} {path}")
+                    return fault
+            return None
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        front = self
+
+        class Relay(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _relay(self) -> None:
+                body = self._body()
+                fault = front._fault(self.command, self.path)
+                if fault is not None:
+                    for _ in body:
+                        pass  # read the request whole, as a registry that fails it late does
+                    message = b"injected failure\n"
+                    self.send_response(fault.status)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(message)))
+                    self.end_headers()
+                    self.wfile.write(message)
+                    return
+                upstream = http.client.HTTPConnection(front.upstream.host, timeout=300)
+                try:
+                    upstream.putrequest(self.command, self.path, skip_host=True,
+                                        skip_accept_encoding=True)  # fmt: skip
+                    for name, value in self.headers.items():
+                        upstream.putheader(name, value)
+                    upstream.endheaders()
+                    for chunk in body:
+                        upstream.send(chunk)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                    self.send_response(answer.status, answer.reason)
+                    for name, value in answer.getheaders():
+                        if name.lower() not in (
+                            "content-length",
+                            "transfer-encoding",
+                            "connection",
+                        ):
+                            self.send_header(name, value)
+                    length = answer.getheader("Content-Length")
+                    self.send_header("Content-Length", length if self.command == "HEAD" and length
+                                     else str(len(data)))  # fmt: skip
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    upstream.close()
+
+            def _body(self) -> Iterator[bytes]:
+                """The request's body as it arrives, in its own framing."""
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    while True:
+                        line = self.rfile.readline()
+                        yield line
+                        size = int(line.split(b";")[0].strip() or b"0", 16)
+                        if size == 0:
+                            while True:  # trailers, up to the empty line
+                                trailer = self.rfile.readline()
+                                yield trailer
+                                if trailer in (b"\r\n", b"\n", b""):
+                                    return
+                        while size > 0:
+                            data = self.rfile.read(min(size, 1 << 20))
+                            if not data:
+                                return
+                            size -= len(data)
+                            yield data
+                        yield self.rfile.readline()  # the CRLF after the chunk
+                left = int(self.headers.get("Content-Length") or 0)
+                while left > 0:
+                    data = self.rfile.read(min(left, 1 << 20))
+                    if not data:
+                        return
+                    left -= len(data)
+                    yield data
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _relay
+
+        return Relay
+
+
+def blob_commit(method: str, path: str) -> bool:
+    """A request that ends a blob upload: PUT …/blobs/uploads/<id>?digest=…"""
+    return method == "PUT" and "/blobs/uploads/" in path and "digest=" in path
+
+
+def manifest_put(method: str, path: str) -> bool:
+    """A request that writes a manifest: PUT …/manifests/<tag or digest>."""
+    return method == "PUT" and "/manifests/" in path

@@ -22,7 +22,13 @@ from tests.docker_support import (
     envbuild,
     repositories,
 )
-from tests.registry_server import RegistryServer
+from tests.registry_server import (
+    Fault,
+    FaultyFront,
+    RegistryServer,
+    blob_commit,
+    manifest_put,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -177,48 +183,72 @@ def test_a_registry_that_dies_mid_push_leaves_no_published_record(
 
 
 def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence(
+    docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
+) -> None:
+    """Two publishers of one image to a registry that answers 500 to the first blob commit and
+    to the first manifest put (as a registry can while another push commits the same content):
+    the engine retries a blob upload itself, envbuild retries the push the engine gave up on."""
+    image = image_id(docker_client)
+    before = len(ResultStore.default().publications(image))
+    with (
+        RegistryServer(tmp_path / "registry") as upstream,
+        FaultyFront(upstream, Fault(matches=blob_commit), Fault(matches=manifest_put)) as server,
+    ):
+        reports = [tmp_path / "a.json", tmp_path / "b.json"]
+        command = [sys.executable, "-m", "envbuild", "publish", *SELECT, "--registry", f"{server.host}/both"]  # fmt: skip
+        processes = [
+            subprocess.Popen(
+                [*command, "--report", str(report)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for report in reports
+        ]
+        for process in processes:
+            _, err = process.communicate(timeout=600)
+            assert process.returncode == 0, err
+        assert len(server.failed) == 2, server.failed  # both faults were met, and retried
+        evidence = {
+            p["digest"]
+            for report in reports
+            for p in json.loads(report.read_text())["published"]
+            if p["kind"] == "evidence"
+        }
+        immutable = next(
+            p for p in json.loads(reports[0].read_text())["published"] if p["kind"] == "immutable"
+        )
+        fallback = "sha256-" + immutable["digest"].split(":", 1)[1]
+        index = requests.get(
+            f"{server.url}/v2/both/torch/manifests/{fallback}",
+            headers={"Accept": "application/vnd.oci.image.index.v1+json"},
+            timeout=10,
+        ).json()
+        assert evidence <= {d["digest"] for d in index["manifests"]}  # neither write was lost
+        verified = envbuild("verify", f"{server.host}/both/torch:latest")
+        assert verified.returncode == 0, verified.stderr
+    records = ResultStore.default().publications(image)
+    assert len([r for r in records[before:] if "/both/" in r.reference]) >= 2 * 3
+
+
+def test_a_registry_that_keeps_answering_500_to_the_push_ends_publish_in_one_line(
     docker_client: docker.DockerClient,
     torch_cpu_build: Any,
     shared_registry: RegistryServer,
-    tmp_path: Path,
 ) -> None:
+    """The retries of a push are bounded: a registry that fails every manifest put ends the
+    publish with one line naming the push and the tries, and nothing is recorded."""
+
     image = image_id(docker_client)
-    before = len(ResultStore.default().publications(image))
-    server = shared_registry
-    reports = [tmp_path / "a.json", tmp_path / "b.json"]
-    command = [sys.executable, "-m", "envbuild", "publish", *SELECT, "--registry", f"{server.host}/both"]  # fmt: skip
-    processes = [
-        subprocess.Popen(
-            [*command, "--report", str(report)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for report in reports
-    ]
-    for process in processes:
-        _, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err
-    evidence = {
-        p["digest"]
-        for report in reports
-        for p in json.loads(report.read_text())["published"]
-        if p["kind"] == "evidence"
-    }
-    immutable = next(
-        p for p in json.loads(reports[0].read_text())["published"] if p["kind"] == "immutable"
-    )
-    fallback = "sha256-" + immutable["digest"].split(":", 1)[1]
-    index = requests.get(
-        f"{server.url}/v2/both/torch/manifests/{fallback}",
-        headers={"Accept": "application/vnd.oci.image.index.v1+json"},
-        timeout=10,
-    ).json()
-    assert evidence <= {d["digest"] for d in index["manifests"]}  # neither write was lost
-    verified = envbuild("verify", f"{server.host}/both/torch:latest")
-    assert verified.returncode == 0, verified.stderr
+    with FaultyFront(shared_registry, Fault(matches=manifest_put, times=100)) as server:
+        result = envbuild("publish", *SELECT, "--registry", f"{server.host}/failing")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "received unexpected HTTP status: 500" in result.stderr
+    assert "(4 tries)" in result.stderr
+    assert len(server.failed) == 4, server.failed
     records = ResultStore.default().publications(image)
-    assert len([r for r in records[before:] if "/both/" in r.reference]) >= 2 * 3
+    assert not [r for r in records if server.host in r.reference]
 
 
 def test_build_push_of_an_unchanged_entry_builds_nothing_the_second_time(
