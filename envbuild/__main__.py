@@ -1,3 +1,3 @@
-from envbuild.cli import main
+from envbuild.cli.main import main
 
 main()

@@ -16,7 +16,7 @@ bootstrap=$!
 wait "$bootstrap"
 # A short --basetemp: messages shorten long paths, and xdist adds a folder per worker.
 .venv/bin/python -m pytest tests/unit tests/hostile -n 2 --basetemp=/tmp/envbuild-tests "$@"
-# The lanes and the run after them share what a session makes once (tests/docker_support.py).
+# The lanes and the run after them share what a session makes once (tests/support/docker_support.py).
 shared=$(mktemp -d /tmp/envbuild-tests-shared.XXXXXX)
 trap 'rm -rf "$shared"' EXIT
 status=0

@@ -6,19 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.knowledge import load_knowledge
-from envbuild.models import Knowledge
-from tests.docker_support import (  # noqa: F401 - fixtures, found by name
-    base_image,
-    ca_bundle,
-    cpu_matrix,
-    docker_client,
-    engine,
-    isolated_data_dir,
-    shared_registry,
-    torch_cpu_build,
-    wheelhouse,
-)
+from envbuild.core.models import Knowledge
+from envbuild.knowledge.load import load_knowledge
 
 REPO = Path(__file__).resolve().parent.parent
 

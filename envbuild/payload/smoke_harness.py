@@ -591,7 +591,7 @@ def check_packages(
 # --------------------------------------------------------------------------
 # what training really does: the sections every framework's payload runs alike
 
-# The verdicts of the training sections, beside the standard ones (envbuild/smoke.py reads the
+# The verdicts of the training sections, beside the standard ones (envbuild/smoke/runner.py reads the
 # same names): a compiled step, an input pipeline, a checkpoint, numpy, the lock's packages.
 TRAINING_CHECKS = (
     *STANDARD_CHECKS,

@@ -2,12 +2,12 @@
 
 Talks the OCI distribution API over requests: it reads the digest a registry holds for a tag
 (what `publish` compares with the local image), pushes blobs and manifests, and finds an
-image's evidence artifacts through the referrers API (envbuild.evidence builds on it).
+image's evidence artifacts through the referrers API (envbuild.publish.evidence builds on it).
 
 - `reference`: RegistryRef and parse_reference (Docker's grammar, no Docker Hub defaults).
 - `errors`: the RegistryError tree.
 - `content`: media types, manifest bytes, digests and their verification.
-- `auth`: answering a registry's challenges with credentials (envbuild.credentials) or tokens.
+- `auth`: answering a registry's challenges with credentials (envbuild.net.credentials) or tokens.
 - `connection`: one host's session, deadlines, retries and one-line errors.
 - `client`: RegistryClient, the API's operations.
 

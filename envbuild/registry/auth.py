@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from envbuild.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
-from envbuild.http_limits import (
+from envbuild.net.bounded import (
     TOKEN_LIMIT,
     close_quietly,
     origin,
@@ -21,6 +20,7 @@ from envbuild.http_limits import (
     printable,
     safe_for_credentials,
 )
+from envbuild.net.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
 from envbuild.registry.content import json_or_none
 from envbuild.registry.errors import RegistryAuthError, RegistryError
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin
 
-from envbuild.http_limits import (
+from envbuild.net.bounded import (
     BLOB_LIMIT,
     MANIFEST_LIMIT,
     MAX_PAGES,

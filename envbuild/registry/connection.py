@@ -1,6 +1,6 @@
 """One registry host over HTTP: sessions, deadlines, auth challenges, retries, errors.
 
-Every operation is bounded (envbuild.http_limits): body sizes, redirects, pages, retries and a
+Every operation is bounded (envbuild.net.bounded): body sizes, redirects, pages, retries and a
 total deadline, so a broken or hostile registry ends in one clear error, never a hang.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import requests
 
-from envbuild.credentials import Credentials, lookup_credentials
-from envbuild.errors import BadInput
-from envbuild.http_limits import (
+from envbuild.core.errors import BadInput
+from envbuild.core.models import ProxySettings
+from envbuild.net.bounded import (
     SMALL_LIMIT,
     BodyTooLarge,
     Deadline,
@@ -35,8 +35,9 @@ from envbuild.http_limits import (
     watched,
     watched_session,
 )
-from envbuild.models import ProxySettings
-from envbuild.proxy import current, loopback_direct, requests_proxies, route_session
+from envbuild.net.credentials import Credentials, lookup_credentials
+from envbuild.net.proxy import current, loopback_direct, requests_proxies, route_session
+from envbuild.net.trust import chosen_bundle, trust_session
 from envbuild.registry.auth import RegistryAuth
 from envbuild.registry.content import json_or_none
 from envbuild.registry.errors import (
@@ -47,7 +48,6 @@ from envbuild.registry.errors import (
     RegistryUnreachable,
 )
 from envbuild.registry.reference import default_scheme, is_digest
-from envbuild.trust import chosen_bundle, trust_session
 
 DEADLINE_ENV = "ENVBUILD_REGISTRY_TIMEOUT"
 DEFAULT_DEADLINE = 120.0  # seconds per registry operation (connecting, retries, reading: all)
@@ -131,7 +131,7 @@ class RegistryConnection:
         proxy: ProxySettings | None = None,
     ) -> Self:
         """A client for `host` with the credentials lookup_credentials finds, the deadline
-        ENVBUILD_REGISTRY_TIMEOUT sets and the proxy `proxy` (default: envbuild.proxy.current(),
+        ENVBUILD_REGISTRY_TIMEOUT sets and the proxy `proxy` (default: envbuild.net.proxy.current(),
         the CLI's --proxy, the environment or Docker's config); a loopback host goes direct.
         Its TLS certificates are checked against the default store and the CLI's --ca-bundle."""
         client = cls(

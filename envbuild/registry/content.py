@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from envbuild.http_limits import printable
+from envbuild.net.bounded import printable
 from envbuild.registry.errors import DigestMismatch
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

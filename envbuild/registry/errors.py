@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envbuild.errors import BadInput, EnvbuildError
+from envbuild.core.errors import BadInput, EnvbuildError
 
 
 class RegistryError(EnvbuildError):

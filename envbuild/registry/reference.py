@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from envbuild.http_limits import is_loopback
-from envbuild.references import split_tag
+from envbuild.core.names import split_tag
+from envbuild.net.bounded import is_loopback
 from envbuild.registry.errors import BadReference
 
 # Docker's reference grammar (distribution/reference), without the Docker Hub defaults.

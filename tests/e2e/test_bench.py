@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.bench_advice import shown
-from envbuild.bench_figures import pointer
-from tests.browser_support import open_report
-from tests.docker_support import CpuMatrix, envbuild
+from envbuild.bench.advice import shown
+from envbuild.bench.figures import pointer
+from tests.support.browser_support import open_report
+from tests.support.docker_support import CpuMatrix, envbuild
 
 pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 

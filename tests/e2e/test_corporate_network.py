@@ -1,6 +1,6 @@
 """Behind a corporate network, for real: a private index that wants a token, an authenticating
 proxy, TLS interception with the gateway's own CA and a TLS registry with a password, each a
-server in a container (tests/corp_network.py). A torch CPU image is locked, built, smoke-tested,
+server in a container (tests/support/corp_network.py). A torch CPU image is locked, built, smoke-tested,
 published and verified through them; every secret is then searched for in every output; and
 the faults a user meets there (a proxy that dies mid-install, an index that refuses the token,
 a registry restarted mid-push, a registry certificate from an unknown CA) end cleanly."""
@@ -23,15 +23,15 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.corp_network import (
+from tests.support.corp_network import (
     INDEX_HOST,
     REGISTRY_USER,
     SLOW_PROXY_USER,
     CorpNetwork,
     corp_network,
 )
-from tests.docker_support import REPO, envbuild, needles_in_layers
-from tests.fault_support import run_containers
+from tests.support.docker_support import REPO, envbuild, needles_in_layers
+from tests.support.fault_support import run_containers
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,8 @@ import docker
 import pytest
 import requests
 
-from tests.docker_support import TEST_LABEL, envbuild, repositories
-from tests.registry_server import RegistryServer
+from tests.support.docker_support import TEST_LABEL, envbuild, repositories
+from tests.support.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import TORCH_CPU_IMAGE, envbuild
-from tests.fault_support import (
+from tests.support.docker_support import TORCH_CPU_IMAGE, envbuild
+from tests.support.fault_support import (
     isolated_build,
     kill_engine,
     restart_engine,

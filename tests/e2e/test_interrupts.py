@@ -11,8 +11,8 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import TORCH_CPU_IMAGE, derive, envbuild
-from tests.fault_support import (
+from tests.support.docker_support import TORCH_CPU_IMAGE, derive, envbuild
+from tests.support.fault_support import (
     finish,
     isolated_build,
     rows,
@@ -22,7 +22,7 @@ from tests.fault_support import (
     start,
     wait_for,
 )
-from tests.registry_server import RegistryServer
+from tests.support.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
 
@@ -119,6 +119,6 @@ def test_sigterm_mid_push_records_nothing_and_the_rerun_publishes(
 
 def envbuild_publications(image_id: str, registry: str) -> int:
     """Publications of the image to `registry` (the other lane publishes the same image elsewhere)."""
-    from envbuild.store import ResultStore
+    from envbuild.core.store import ResultStore
 
     return len([p for p in ResultStore.default().publications(image_id) if registry in p.reference])

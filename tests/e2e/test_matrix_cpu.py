@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker_support import CpuMatrix
+from tests.support.docker_support import CpuMatrix
 
 pytestmark = pytest.mark.e2e
 

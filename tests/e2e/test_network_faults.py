@@ -21,8 +21,15 @@ import pytest
 from docker.models.containers import Container
 
 from envbuild.payload.install_env import HTTP_READ_TIMEOUT_S, HTTP_RETRIES, origin
-from tests.docker_support import REPO, TEST_LABEL, TORCH_CPU_IMAGE, envbuild, torch_cpu_args
-from tests.fault_support import finish_quietly, rows, run_containers, scratch, start, wait_for
+from tests.support.docker_support import REPO, TEST_LABEL, TORCH_CPU_IMAGE, envbuild, torch_cpu_args
+from tests.support.fault_support import (
+    finish_quietly,
+    rows,
+    run_containers,
+    scratch,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 

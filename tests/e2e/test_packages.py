@@ -13,7 +13,7 @@ import docker
 import pytest
 import uv
 
-from tests.docker_support import TEST_INDEX, envbuild
+from tests.support.docker_support import TEST_INDEX, envbuild
 
 pytestmark = pytest.mark.e2e
 

@@ -14,15 +14,15 @@ import docker
 import pytest
 import requests
 
-from envbuild.store import ResultStore
-from tests.docker_support import (
+from envbuild.core.store import ResultStore
+from tests.support.docker_support import (
     TEST_LABEL,
     TEST_REPOSITORY,
     TORCH_CPU_IMAGE,
     envbuild,
     repositories,
 )
-from tests.registry_server import (
+from tests.support.registry_server import (
     Fault,
     FaultyFront,
     RegistryServer,

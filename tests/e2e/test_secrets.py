@@ -19,18 +19,18 @@ from typing import Any
 import docker
 import pytest
 
-from envbuild.build import build_entry, prepare
-from envbuild.engine import Engine
-from envbuild.knowledge import load_knowledge
-from envbuild.labels import LOCK_DIGEST
-from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import BuildOptions, Knowledge, Lock, Selection
-from envbuild.redact import register_url
-from envbuild.render import check_options
-from envbuild.store import ResultStore
-from tests.docker_support import compile_lock, envbuild, needles_in_layers, torch_cpu_args
-from tests.fault_support import epoch
-from tests.lock_support import fresh_lock, the_entry
+from envbuild.build.entry import build_entry, prepare
+from envbuild.build.render import check_options
+from envbuild.core.labels import LOCK_DIGEST
+from envbuild.core.models import BuildOptions, Knowledge, Lock, Selection
+from envbuild.core.redact import register_url
+from envbuild.core.store import ResultStore
+from envbuild.engine.interface import Engine
+from envbuild.knowledge.load import load_knowledge
+from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
+from tests.support.docker_support import compile_lock, envbuild, needles_in_layers, torch_cpu_args
+from tests.support.fault_support import epoch
+from tests.support.lock_support import fresh_lock, the_entry
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import SECRET, TEST_LABEL, TORCH_CPU_IMAGE, derive, envbuild
+from tests.support.docker_support import SECRET, TEST_LABEL, TORCH_CPU_IMAGE, derive, envbuild
 
 pytestmark = pytest.mark.e2e
 
@@ -156,7 +156,7 @@ def test_a_users_stopped_container_of_the_image_is_not_a_leftover(
 ) -> None:
     """envbuild removes stopped containers a dead build left; one a user ran from an envbuild
     image and that exited is theirs, and must survive the next run's clean-up."""
-    from envbuild.engine import connect
+    from envbuild.engine.interface import connect
 
     mine = docker_client.containers.run(
         IMAGE, ["true"], detach=True, network_mode="none", labels={TEST_LABEL: "1"}

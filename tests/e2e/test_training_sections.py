@@ -15,7 +15,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.docker_support import TEST_INDEX, TORCH_CPU_IMAGE, derive, envbuild
+from tests.support.docker_support import TEST_INDEX, TORCH_CPU_IMAGE, derive, envbuild
 
 pytestmark = pytest.mark.e2e
 

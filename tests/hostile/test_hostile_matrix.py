@@ -27,17 +27,17 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild.errors import BadInput, MatrixError
-from envbuild.knowledge import load_knowledge
-from envbuild.matrix import (
+from envbuild.core.errors import BadInput, MatrixError
+from envbuild.core.models import Knowledge, Selection
+from envbuild.core.yamlfile import MAX_YAML_BYTES, path_label
+from envbuild.knowledge.load import load_knowledge
+from envbuild.plan.matrix import (
     default_matrix_path,
     knowledge_matrix,
     load_matrix,
     make_plan,
     require_entries,
 )
-from envbuild.models import Knowledge, Selection
-from envbuild.yamlfile import MAX_YAML_BYTES, path_label
 from tests.conftest import REPO
 
 MATRICES = REPO / "matrices"

@@ -19,18 +19,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from envbuild.cli import main
-from envbuild.compat import compute_capability, cuda_selector
-from envbuild.knowledge import load_knowledge
-from envbuild.models import BuildOptions, Knowledge, Selection
-from envbuild.references import (
+from envbuild.build.render import CA_MAX_BYTES
+from envbuild.cli.main import main
+from envbuild.core.models import BuildOptions, Knowledge, Selection
+from envbuild.core.names import (
     image_reference_problem,
     index_url_problem,
     redact_url,
     repository_problem,
 )
-from envbuild.render import CA_MAX_BYTES
-from tests.lock_support import fresh_lock, the_entry
+from envbuild.knowledge.load import load_knowledge
+from envbuild.plan.compat import compute_capability, cuda_selector
+from tests.support.lock_support import fresh_lock, the_entry
 
 SECRET = "S3CRET-pa55word"
 PAYLOAD = "RUN touch /pwned"
@@ -460,7 +460,7 @@ def test_planted_links_under_output_are_never_followed(tmp_path: Path, kind: str
 
 
 def test_the_context_never_holds_the_ca_bundle_or_a_wheel(tmp_path: Path) -> None:
-    """They are served to the build (envbuild/build_server.py), never put in its context."""
+    """They are served to the build (envbuild/build/server.py), never put in its context."""
     args, options = secretless_options(tmp_path)
     result, context = render_one(tmp_path, *args, options=options)
     assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""The registry client and `envbuild verify` against a hostile registry (tests/hostile_registry.py).
+"""The registry client and `envbuild verify` against a hostile registry (tests/support/hostile_registry.py).
 
 Every case is a real HTTP server on 127.0.0.1 that answers one thing badly: links and redirects
 to another origin, loops, token realms on plain http, bodies too large or too slow, servers that
@@ -26,10 +26,8 @@ from typing import Any
 
 import pytest
 
-from envbuild.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
-from envbuild.errors import EXIT_BAD_INPUT, EXIT_FAILED, EnvbuildError
-from envbuild.evidence import find_evidence
-from envbuild.http_limits import (
+from envbuild.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, EnvbuildError
+from envbuild.net.bounded import (
     MAX_PAGES,
     MAX_REDIRECTS,
     is_downgrade,
@@ -38,6 +36,8 @@ from envbuild.http_limits import (
     safe_for_credentials,
     same_origin,
 )
+from envbuild.net.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
+from envbuild.publish.evidence import find_evidence
 from envbuild.registry import (
     DEADLINE_ENV,
     RegistryClient,
@@ -45,7 +45,7 @@ from envbuild.registry import (
     RegistryMalformed,
     RegistryUnreachable,
 )
-from tests.hostile_registry import (
+from tests.support.hostile_registry import (
     EVIDENCE_TYPE,
     OCI_INDEX,
     OCI_MANIFEST,

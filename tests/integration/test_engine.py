@@ -11,12 +11,12 @@ import docker
 import pytest
 import requests
 
-from envbuild.docker_engine import DockerEngine
-from envbuild.engine import Engine
-from envbuild.errors import EnvbuildError
-from envbuild.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
-from tests.docker_support import TEST_LABEL, envbuild
-from tests.registry_server import RegistryServer
+from envbuild.core.errors import EnvbuildError
+from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
+from envbuild.engine.docker_engine import DockerEngine
+from envbuild.engine.interface import Engine
+from tests.support.docker_support import TEST_LABEL, envbuild
+from tests.support.registry_server import RegistryServer
 
 
 def test_an_unreachable_engine_exits_3_without_a_traceback() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.knowledge import load_knowledge
-from envbuild.lock import pins, update_lock
-from envbuild.matrix import knowledge_matrix, load_matrix, make_plan
-from envbuild.matrix_file import default_matrix_path
-from envbuild.models import BuildOptions, Entry, Knowledge, Selection
+from envbuild.core.models import BuildOptions, Entry, Knowledge, Selection
+from envbuild.knowledge.load import load_knowledge
+from envbuild.lock.lockfile import pins, update_lock
+from envbuild.plan.matrix import knowledge_matrix, load_matrix, make_plan
+from envbuild.plan.matrix_file import default_matrix_path
 
 pytestmark = pytest.mark.live
 

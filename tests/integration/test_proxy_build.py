@@ -15,9 +15,9 @@ from urllib.parse import quote
 import docker
 import pytest
 
-from envbuild.engine import Engine
-from envbuild.models import ProxySettings
-from tests.docker_support import TEST_LABEL
+from envbuild.core.models import ProxySettings
+from envbuild.engine.interface import Engine
+from tests.support.docker_support import TEST_LABEL
 
 SECRET = "Pr0xy-integration-pa55"
 URL = f"http://proxy-user:{SECRET}@proxy.corp.invalid:3128"

@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 import requests
 
-from envbuild.credentials import (
+from envbuild.core.errors import EXIT_FAILED, BadInput, EnvbuildError
+from envbuild.net.credentials import (
     PASSWORD_ENV,
     USERNAME_ENV,
     Credentials,
     docker_auth_config,
     lookup_credentials,
 )
-from envbuild.errors import EXIT_FAILED, BadInput, EnvbuildError
-from envbuild.evidence import attach_evidence, find_evidence, referrers_tag
+from envbuild.publish.evidence import attach_evidence, find_evidence, referrers_tag
 from envbuild.registry import (
     EVIDENCE_ARTIFACT_TYPE,
     OCI_INDEX,
@@ -48,7 +48,7 @@ from envbuild.registry import (
     default_scheme,
     parse_reference,
 )
-from tests.registry_server import RegistryServer
+from tests.support.registry_server import RegistryServer
 
 USER = "envbuild-ci"
 PASSWORD = "pa55-registry-Z3cret"  # searched for in every message and log record

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from envbuild.refresh import PypiClient, refresh
+from envbuild.knowledge.refresh import PypiClient, refresh
 from tests.conftest import REPO
 
 

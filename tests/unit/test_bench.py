@@ -16,17 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from envbuild import labels as label_keys
-from envbuild.bench import (
-    BenchRun,
-    bench_document,
-    bench_image,
-    checked_document,
-    host_key,
-    load_document,
-    vetted_images,
-)
-from envbuild.bench_advice import (
+from envbuild.bench.advice import (
     advise,
     batch_advice,
     compile_advice,
@@ -35,15 +25,25 @@ from envbuild.bench_advice import (
     precision_advice,
     shown,
 )
-from envbuild.bench_figures import compare_documents, image_figures, pointer
-from envbuild.bench_report import bench_lines
-from envbuild.cli import main
-from envbuild.engine import RunResult
-from envbuild.errors import BadInput
+from envbuild.bench.figures import compare_documents, image_figures, pointer
+from envbuild.bench.run import (
+    BenchRun,
+    bench_document,
+    bench_image,
+    checked_document,
+    host_key,
+    load_document,
+    vetted_images,
+)
+from envbuild.bench.terminal import bench_lines
+from envbuild.cli.main import main
+from envbuild.core import labels as label_keys
+from envbuild.core.errors import BadInput
+from envbuild.core.results import SmokeCheck, SmokeResult
+from envbuild.core.store import ResultStore
+from envbuild.engine.interface import RunResult
 from envbuild.payload import bench_harness
-from envbuild.results import SmokeCheck, SmokeResult
-from envbuild.store import ResultStore
-from tests.engine_double import InMemoryEngine
+from tests.support.engine_double import InMemoryEngine
 
 RECORDED = Path(__file__).parent / "recorded" / "bench"
 HOST = {"cpu_model": "Test CPU", "cores": 2, "memory_bytes": 24 * 10**9, "gpus": [], "engine": None}

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from envbuild import bench_figures
-from envbuild.bench_advice import advise
-from envbuild.bench_figures import compare_documents
-from envbuild.bench_html import CSP, MAX_IMAGES, MAX_ROWS, render_html
+from envbuild.bench import figures as bench_figures
+from envbuild.bench.advice import advise
+from envbuild.bench.figures import compare_documents
+from envbuild.bench.html import CSP, MAX_IMAGES, MAX_ROWS, render_html
 from envbuild.payload import bench_harness as bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -355,7 +355,7 @@ def test_output_is_deterministic_across_processes() -> None:
     here = page_of(doc)
     assert page_of(copy.deepcopy(doc)) == here
     code = (
-        "import json, sys\nfrom envbuild.bench_html import render_html\n"
+        "import json, sys\nfrom envbuild.bench.html import render_html\n"
         "sys.stdout.write(render_html(json.loads(sys.stdin.read())))\n"
     )
     for hash_seed in ("1", "2"):
@@ -378,7 +378,7 @@ def test_rendering_leaves_matplotlib_settings_alone_and_is_not_imported_early() 
     before = dict(matplotlib.rcParams)
     page_of(bench_document(1))
     assert dict(matplotlib.rcParams) == before
-    code = "import sys, envbuild.bench_html\nprint('matplotlib' in sys.modules)"
+    code = "import sys, envbuild.bench.html\nprint('matplotlib' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.build import build_entry, prepare
-from envbuild.docker_engine import DockerEngine
-from envbuild.engine import Engine
-from envbuild.errors import BuildFailed
-from envbuild.matrix import default_matrix_path, load_matrix, make_plan
-from envbuild.models import HASH_LABEL, BuildContext, BuildOptions, Knowledge, Lock, Selection
-from envbuild.store import ResultStore
-from tests.engine_double import InMemoryEngine
+from envbuild.build.entry import build_entry, prepare
+from envbuild.core.errors import BuildFailed
+from envbuild.core.models import HASH_LABEL, BuildContext, BuildOptions, Knowledge, Lock, Selection
+from envbuild.core.store import ResultStore
+from envbuild.engine.docker_engine import DockerEngine
+from envbuild.engine.interface import Engine
+from envbuild.plan.matrix import default_matrix_path, load_matrix, make_plan
+from tests.support.engine_double import InMemoryEngine
 
 PROTOCOL = sorted(name for name in vars(Engine) if not name.startswith("_"))
 

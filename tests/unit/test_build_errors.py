@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from envbuild.docker_engine import (
+from envbuild.core.interrupt import run_alive, run_id, run_place
+from envbuild.engine.docker_engine import (
     LIVE_RUN_GRACE_S,
     _build_error,
     _push_failure,
@@ -16,7 +17,6 @@ from envbuild.docker_engine import (
     ipv4_gateway,
     left_behind,
 )
-from envbuild.interrupt import run_alive, run_id, run_place
 
 SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
 

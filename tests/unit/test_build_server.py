@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import build_server
-from envbuild.build_server import build_files, config_document, listing, serve
-from envbuild.errors import BuildFailed
-from envbuild.interrupt import Terminated
-from envbuild.models import ServedInputs
+from envbuild.build import server as build_server
+from envbuild.build.server import build_files, config_document, listing, serve
+from envbuild.core.errors import BuildFailed
+from envbuild.core.interrupt import Terminated
+from envbuild.core.models import ServedInputs
+from envbuild.lock.uv import uv_binary
 from envbuild.payload import install_env
-from envbuild.uv_resolve import uv_binary
 
 LOOPBACK = "127.0.0.1"
 CA = b"-----BEGIN CERTIFICATE-----\nthe team's CA\n-----END CERTIFICATE-----\n"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from envbuild.ci_matrix import github_matrix
-from envbuild.cli import main
-from envbuild.errors import BadInput
-from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import Knowledge, Plan, Selection
+from envbuild.cli.main import main
+from envbuild.core.errors import BadInput
+from envbuild.core.models import Knowledge, Plan, Selection
+from envbuild.plan.ci_matrix import github_matrix
+from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 from tests.conftest import REPO
 
 WORKFLOWS = (

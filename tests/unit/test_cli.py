@@ -9,9 +9,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from envbuild.cli import main
-from envbuild.models import BuildOptions, Knowledge, Selection
-from tests.lock_support import fresh_lock, the_entry
+from envbuild.cli.main import main
+from envbuild.core.models import BuildOptions, Knowledge, Selection
+from tests.support.lock_support import fresh_lock, the_entry
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -113,7 +113,7 @@ def test_render_writes_contexts(tmp_path: Path, knowledge: Knowledge) -> None:
 def test_help_imports_neither_docker_nor_jinja() -> None:
     code = (
         "import sys\n"
-        "from envbuild.cli import main\n"
+        "from envbuild.cli.main import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('docker', 'jinja2', 'yaml', 'requests') if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"

@@ -8,9 +8,16 @@ import json
 
 import pytest
 
-from envbuild import doctor
-from envbuild.doctor import CONTAINER_SHM, GpuInfo, GpuProbe, HostReport, newest_cuda, report_lines
-from envbuild.models import Knowledge
+from envbuild.core.models import Knowledge
+from envbuild.host import doctor
+from envbuild.host.doctor import (
+    CONTAINER_SHM,
+    GpuInfo,
+    GpuProbe,
+    HostReport,
+    newest_cuda,
+    report_lines,
+)
 
 GIB = 1024**3
 

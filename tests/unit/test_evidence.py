@@ -1,7 +1,7 @@
-"""Evidence beside a published image (envbuild.evidence) against a real HTTP registry in-process.
+"""Evidence beside a published image (envbuild.publish.evidence) against a real HTTP registry in-process.
 
 `Storage` is a small OCI registry that keeps what a client pushes (blobs, manifests, tags) and
-serves it back through tests/hostile_registry.py's server: with `referrers=True` it answers the
+serves it back through tests/support/hostile_registry.py's server: with `referrers=True` it answers the
 referrers API and says so with OCI-Subject; without, that route is distribution 2.x's plain 404
 and the artifact must be indexed under the referrers tag schema's fallback tag.
 """
@@ -20,8 +20,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from envbuild.errors import EnvbuildError
-from envbuild.evidence import (
+from envbuild.core.errors import EnvbuildError
+from envbuild.core.store import StateError
+from envbuild.publish.evidence import (
     PACKAGES,
     SMOKE_REPORT,
     _parse_time,
@@ -42,8 +43,14 @@ from envbuild.registry import (
     RegistryMalformed,
     sha256,
 )
-from envbuild.store import StateError
-from tests.hostile_registry import Answer, HostileRegistry, Seen, canonical, json_answer, oci_error
+from tests.support.hostile_registry import (
+    Answer,
+    HostileRegistry,
+    Seen,
+    canonical,
+    json_answer,
+    oci_error,
+)
 
 REPOSITORY = "team/torch"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"

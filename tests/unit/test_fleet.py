@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from envbuild.cli import main
-from envbuild.compat import find_gpu, gpu_runs
-from envbuild.models import Combination, Knowledge
+from envbuild.cli.main import main
+from envbuild.core.models import Combination, Knowledge
+from envbuild.plan.compat import find_gpu, gpu_runs
 
 
 def run(*args: str) -> tuple[int, str, str]:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from envbuild.errors import MatrixError
-from envbuild.knowledge import load_knowledge
-from envbuild.models import CPU, Knowledge
+from envbuild.core.errors import MatrixError
+from envbuild.core.models import CPU, Knowledge
+from envbuild.knowledge.load import load_knowledge
 from tests.conftest import REPO
 
 

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbuild.cli import main
-from envbuild.compat import SASS_RULE_SOURCE, arch_build, find_gpu
-from envbuild.knowledge import load_knowledge
-from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import Combination, Exclusion, Fleet, Knowledge, Plan, Selection
+from envbuild.cli.main import main
+from envbuild.core.models import Combination, Exclusion, Fleet, Knowledge, Plan, Selection
+from envbuild.knowledge.load import load_knowledge
+from envbuild.plan.compat import SASS_RULE_SOURCE, arch_build, find_gpu
+from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 from tests.conftest import REPO
 
 KNOWLEDGE_DIR = REPO / "matrices" / "knowledge"

@@ -19,10 +19,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbuild.cli import main
-from envbuild.cli_lock import locks_for, plan_with_locks
-from envbuild.errors import BadInput
-from envbuild.lock import (
+from envbuild.cli.lock import locks_for, plan_with_locks
+from envbuild.cli.main import main
+from envbuild.core.errors import BadInput
+from envbuild.core.models import BuildOptions, Entry, Install, Knowledge, Plan, Selection
+from envbuild.core.redact import forget_all
+from envbuild.lock.lockfile import (
     header,
     inputs_digest,
     lock_for,
@@ -32,10 +34,8 @@ from envbuild.lock import (
     pins,
     update_lock,
 )
-from envbuild.matrix import load_matrix, make_plan
-from envbuild.models import BuildOptions, Entry, Install, Knowledge, Plan, Selection
-from envbuild.redact import forget_all
-from envbuild.uv_resolve import one_line_reason
+from envbuild.lock.uv import one_line_reason
+from envbuild.plan.matrix import load_matrix, make_plan
 
 SECRET = "Sup3rSecretPw"
 MATRIX = {

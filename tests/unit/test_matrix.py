@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.errors import MatrixError, SelectionError
-from envbuild.matrix import (
+from envbuild.core.errors import MatrixError, SelectionError
+from envbuild.core.models import Combination, Fleet, Knowledge, Selection
+from envbuild.plan.matrix import (
     default_matrix_path,
     knowledge_matrix,
     load_matrix,
@@ -15,7 +16,6 @@ from envbuild.matrix import (
     require_entries,
     selection_matches,
 )
-from envbuild.models import Combination, Fleet, Knowledge, Selection
 
 
 def write(tmp_path: Path, text: str) -> Path:

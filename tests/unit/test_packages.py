@@ -12,11 +12,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbuild.cli import main
-from envbuild.errors import BadInput, MatrixError
-from envbuild.matrix import load_matrix, make_plan
-from envbuild.models import Knowledge, Selection
-from envbuild.packages import MAX_PACKAGES, MAX_REQUIREMENTS_BYTES
+from envbuild.cli.main import main
+from envbuild.core.errors import BadInput, MatrixError
+from envbuild.core.models import Knowledge, Selection
+from envbuild.plan.matrix import load_matrix, make_plan
+from envbuild.plan.packages import MAX_PACKAGES, MAX_REQUIREMENTS_BYTES
 
 BASE = {
     "axes": {"framework": ["torch"], "framework_version": ["2.4.1"], "cuda": ["12.1"]},
@@ -228,7 +228,7 @@ def test_a_bad_package_option_is_one_line(value: str, expected: str) -> None:
 
 
 def test_check_packages_rejects_more_than_the_bound() -> None:
-    from envbuild.packages import check_packages
+    from envbuild.plan.packages import check_packages
 
     with pytest.raises(BadInput, match="more than"):
         check_packages([f"p{i}" for i in range(MAX_PACKAGES + 1)], "-p/--package", {})

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.engine import Engine, RunResult
-from envbuild.errors import BadInput
-from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Lock, Selection
-from envbuild.pipeline import Event, RunOptions, run_entries
-from envbuild.results import EntryResult
-from envbuild.store import ResultStore
-from tests.engine_double import InMemoryEngine
-from tests.lock_support import placeholder_lock
+from envbuild.core.errors import BadInput
+from envbuild.core.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Lock, Selection
+from envbuild.core.results import EntryResult
+from envbuild.core.store import ResultStore
+from envbuild.engine.interface import Engine, RunResult
+from envbuild.pipeline.entries import Event, RunOptions, run_entries
+from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
+from tests.support.engine_double import InMemoryEngine
+from tests.support.lock_support import placeholder_lock
 
 SKIPPED = "not built: an earlier entry failed (use --keep-going to build the rest)"
 # What the torch payload prints for a CPU image whose training step and all-reduce worked.
@@ -315,9 +315,15 @@ def test_a_vetted_result_is_not_reused_for_a_rebuilt_image(
 def test_an_entry_the_registry_holds_vetted_is_not_built_again(
     knowledge: Knowledge, store: ResultStore, torch_entries: tuple[Entry, ...]
 ) -> None:
-    from envbuild.build import prepare
-    from envbuild.published import entry_target
-    from tests.hostile_registry import OCI_MANIFEST, HostileRegistry, Published, json_answer, sha256
+    from envbuild.build.entry import prepare
+    from envbuild.publish.verify import entry_target
+    from tests.support.hostile_registry import (
+        OCI_MANIFEST,
+        HostileRegistry,
+        Published,
+        json_answer,
+        sha256,
+    )
 
     double = with_bases(torch_entries)
     first = torch_entries[0]

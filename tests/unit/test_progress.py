@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from envbuild.models import Entry, Knowledge
-from envbuild.pipeline import Event
-from envbuild.progress import ProgressView
-from envbuild.results import EntryResult
-from tests.result_support import four_entries, image, smoke
+from envbuild.cli.progress import ProgressView
+from envbuild.core.models import Entry, Knowledge
+from envbuild.core.results import EntryResult
+from envbuild.pipeline.entries import Event
+from tests.support.result_support import four_entries, image, smoke
 
 STAMP = re.compile(r"^\[ *\d+\.\d+s\] ")
 

@@ -1,6 +1,6 @@
 """The proxy: precedence, NO_PROXY matching, hostile values, and every path that uses it.
 
-Only the engine is a double (tests/engine_double.py); settings, sessions, uv's environment and
+Only the engine is a double (tests/support/engine_double.py); settings, sessions, uv's environment and
 the command line are the real code.
 """
 
@@ -18,18 +18,18 @@ import requests
 import requests.adapters
 from click.testing import CliRunner
 
-from envbuild import proxy
-from envbuild.build import build_entry, prepare
-from envbuild.cli import main
-from envbuild.errors import BadInput
-from envbuild.matrix import make_plan
-from envbuild.matrix_file import default_matrix_path, load_matrix
-from envbuild.models import BuildOptions, Knowledge, Lock, ProxySettings, Selection
-from envbuild.redact import redact
+from envbuild.build.entry import build_entry, prepare
+from envbuild.cli.main import main
+from envbuild.core.errors import BadInput
+from envbuild.core.models import BuildOptions, Knowledge, Lock, ProxySettings, Selection
+from envbuild.core.redact import redact
+from envbuild.core.store import ResultStore
+from envbuild.lock.uv import _uv_environment
+from envbuild.net import proxy
+from envbuild.plan.matrix import make_plan
+from envbuild.plan.matrix_file import default_matrix_path, load_matrix
 from envbuild.registry import RegistryClient
-from envbuild.store import ResultStore
-from envbuild.uv_resolve import _uv_environment
-from tests.engine_double import InMemoryEngine
+from tests.support.engine_double import InMemoryEngine
 
 SECRET = "Pr0xy-pa55word"
 URL = f"http://user:{SECRET}@proxy.corp:3128"

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.build import build_entry, prepare
-from envbuild.errors import BadInput
-from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Selection
-from envbuild.publish import NotOurs, NotVetted, candidate, moving_tags, publish_image
-from envbuild.results import SmokeCheck, SmokeResult
-from envbuild.store import ResultStore
-from tests.engine_double import InMemoryEngine
-from tests.lock_support import placeholder_lock
+from envbuild.build.entry import build_entry, prepare
+from envbuild.core.errors import BadInput
+from envbuild.core.models import HASH_LABEL, BuildOptions, Entry, Knowledge, Selection
+from envbuild.core.results import SmokeCheck, SmokeResult
+from envbuild.core.store import ResultStore
+from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
+from envbuild.publish.push import NotOurs, NotVetted, candidate, moving_tags, publish_image
+from tests.support.engine_double import InMemoryEngine
+from tests.support.lock_support import placeholder_lock
 
 # Port 9 (discard) refuses connections: reaching the registry would fail differently.
 REGISTRY = "127.0.0.1:9/team"

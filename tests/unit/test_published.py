@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from envbuild.errors import BadInput, EnvbuildError
-from envbuild.published import Target, entry_target, published_already, split_registry
+from envbuild.core.errors import BadInput, EnvbuildError
+from envbuild.publish.verify import Target, entry_target, published_already, split_registry
 from envbuild.registry import RegistryClient
-from tests.hostile_registry import (
+from tests.support.hostile_registry import (
     OCI_INDEX,
     REPOSITORY,
     TAG,

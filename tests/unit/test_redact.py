@@ -12,10 +12,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from envbuild import redact
-from envbuild.errors import BuildFailed, EnvbuildError
-from envbuild.report import write_json, write_text
-from envbuild.store import ResultStore, StateError
+from envbuild.core import redact
+from envbuild.core.errors import BuildFailed, EnvbuildError
+from envbuild.core.store import ResultStore, StateError
+from envbuild.report.documents import write_json, write_text
 
 SECRET = "p%40ss%20w0rd%2Fwith%25-odd+chars"  # as written in a URL: percent-encoded
 USER = "team-bot"

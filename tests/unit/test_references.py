@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envbuild.references import image_reference_problem, split_tag
+from envbuild.core.names import image_reference_problem, split_tag
 from envbuild.registry import parse_reference
 from envbuild.registry.errors import BadReference
 

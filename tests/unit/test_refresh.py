@@ -19,9 +19,9 @@ import yaml
 from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 
-from envbuild.errors import BadInput, MatrixError
-from envbuild.knowledge import load_knowledge
-from envbuild.refresh import (
+from envbuild.core.errors import BadInput, MatrixError
+from envbuild.knowledge.load import load_knowledge
+from envbuild.knowledge.refresh import (
     PypiClient,
     PypiError,
     PypiRejected,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.cli_options import build_options_from
-from envbuild.errors import BadInput
-from envbuild.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from envbuild.models import (
+from envbuild.build.render import check_options, has_framework_wheel, render_entry, write_context
+from envbuild.cli.options import build_options_from
+from envbuild.core.errors import BadInput
+from envbuild.core.models import (
     NO_FRAMEWORK_INDEX,
     BaseProbe,
     BuildOptions,
@@ -25,9 +25,9 @@ from envbuild.models import (
     Lock,
     Selection,
 )
-from envbuild.redact import forget_all, redact
-from envbuild.render import check_options, has_framework_wheel, render_entry, write_context
-from envbuild.wheelhouse import framework_index, wheelhouse_files
+from envbuild.core.redact import forget_all, redact
+from envbuild.lock.wheelhouse import framework_index, wheelhouse_files
+from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 
 GOLDEN = Path(__file__).parent / "golden"
 BARE_BOOKWORM = BaseProbe(

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.models import Entry, Knowledge
-from envbuild.redact import forget_all, register_url
-from envbuild.report import (
+from envbuild.core.models import Entry, Knowledge
+from envbuild.core.redact import forget_all, register_url
+from envbuild.core.results import SmokeResult
+from envbuild.report.documents import (
     EntryResult,
     build_document,
     junit_xml,
@@ -19,9 +20,8 @@ from envbuild.report import (
     write_json,
     write_text,
 )
-from envbuild.results import SmokeResult
-from tests.result_support import four_entries, image
-from tests.result_support import smoke as shared_smoke
+from tests.support.result_support import four_entries, image
+from tests.support.result_support import smoke as shared_smoke
 
 SKIPPED = "not built: an earlier entry failed (use --keep-going to build the rest)"
 BUILD_ERROR = "build failed: exit 1 (last output: Collecting jax | ERROR: No matching distribution)"

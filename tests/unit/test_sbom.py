@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from envbuild.sbom import dpkg_packages, lock_packages, sbom_document, summary
+from envbuild.publish.sbom import dpkg_packages, lock_packages, sbom_document, summary
 
 LOCK = """\
 # envbuild 0.1 lock of torch2.13.0-cpu-py3.11-bookworm; written by `envbuild lock`, do not edit

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from envbuild.smoke import check_report
+from envbuild.smoke.runner import check_report
 
 LABELS = {
     "org.envbuild.framework": "torch",
@@ -123,11 +123,11 @@ def test_a_bare_major_label_is_met_by_any_minor() -> None:
 
 
 def test_the_smoke_test_runs_with_the_options_the_image_declares_and_prints_them() -> None:
-    from envbuild import labels as label_keys
-    from envbuild.engine import RunResult
-    from envbuild.report import smoke_lines
-    from envbuild.smoke import smoke_image
-    from tests.engine_double import InMemoryEngine
+    from envbuild.core import labels as label_keys
+    from envbuild.engine.interface import RunResult
+    from envbuild.report.documents import smoke_lines
+    from envbuild.smoke.runner import smoke_image
+    from tests.support.engine_double import InMemoryEngine
 
     cpu = {**LABELS, "org.envbuild.cuda": "cpu", "org.envbuild.cudnn": "", "org.envbuild.nccl": ""}
     report = copy.deepcopy(REPORT)

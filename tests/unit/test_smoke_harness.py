@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from envbuild.core.resources import payload_harness_path
 from envbuild.payload import smoke_harness as harness
-from envbuild.resources import payload_harness_path
-from envbuild.smoke import PAYLOAD_DIR, check_report, payload_files
+from envbuild.smoke.runner import PAYLOAD_DIR, check_report, payload_files
 
 # A hang guard for every subprocess: a harness that fails to end its run fails the test.
 HANG_GUARD_S = 120

@@ -1,4 +1,4 @@
-"""envbuild's local record (envbuild.store): smoke results, builds and publications in SQLite.
+"""envbuild's local record (envbuild.core.store): smoke results, builds and publications in SQLite.
 
 Every case uses a real database file under tmp_path; a damaged record is made by code (junk
 bytes, another program's schema, a truncated database) and must end in one StateError line
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.errors import EXIT_BAD_INPUT
-from envbuild.results import SmokeCheck, SmokeResult
-from envbuild.store import ResultStore, StateError, data_dir
+from envbuild.core.errors import EXIT_BAD_INPUT
+from envbuild.core.results import SmokeCheck, SmokeResult
+from envbuild.core.store import ResultStore, StateError, data_dir
 
 IMAGE_A = "sha256:" + "a" * 64
 IMAGE_B = "sha256:" + "b" * 64

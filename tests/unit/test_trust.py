@@ -1,4 +1,4 @@
-"""Restricted networks: the CAs envbuild's own HTTPS trusts (`--ca-bundle`, envbuild.trust), and
+"""Restricted networks: the CAs envbuild's own HTTPS trusts (`--ca-bundle`, envbuild.net.trust), and
 the one line that names an index refusing uv (401/403), on the host and inside the image.
 
 Every server here is real: http.server in a thread on loopback, speaking TLS with a certificate
@@ -23,15 +23,15 @@ import requests
 import trustme
 from click.testing import CliRunner, Result
 
-from envbuild.cli import main
-from envbuild.knowledge import load_knowledge
-from envbuild.models import NO_FRAMEWORK_INDEX, BuildOptions, Entry, Selection
+from envbuild.cli.main import main
+from envbuild.core.models import NO_FRAMEWORK_INDEX, BuildOptions, Entry, Selection
+from envbuild.knowledge.load import load_knowledge
+from envbuild.lock.uv import refused_index
+from envbuild.net.trust import chosen_bundle, default_store, trust_session, trusting, verify_setting
 from envbuild.payload import install_env
 from envbuild.registry.connection import RegistryConnection
 from envbuild.registry.errors import RegistryUnreachable
-from envbuild.trust import chosen_bundle, default_store, trust_session, trusting, verify_setting
-from envbuild.uv_resolve import refused_index
-from tests.lock_support import the_entry
+from tests.support.lock_support import the_entry
 
 TOKEN = "tok-3xYz-s3cret"  # a credential that must never be shown
 USER = "team-bot"
@@ -238,7 +238,7 @@ def test_without_the_bundle_the_registry_client_says_to_pass_it(registry: Site) 
 
 
 def test_a_dead_proxy_is_named_not_the_registry_alone(registry: Site) -> None:
-    from envbuild.models import ProxySettings
+    from envbuild.core.models import ProxySettings
 
     host = f"0.0.0.0:{registry.port}"
     proxy = ProxySettings(

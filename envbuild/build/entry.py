@@ -1,0 +1,190 @@
+"""Build entries: check the base, render, skip what already exists by content hash, build, tag."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from envbuild import __version__
+from envbuild.core import labels as label_keys
+from envbuild.core.labels import SERVE_ARG
+from envbuild.build.server import serve_build
+from envbuild.engine.interface import Engine, ImageInfo
+from envbuild.core.errors import BadInput, BuildFailed
+from envbuild.core.interrupt import scratch_prefix
+from envbuild.core.models import BaseProbe, BuildContext, BuildOptions, BuiltImage, Entry, Knowledge, Lock, ProxySettings
+from envbuild.net.proxy import with_direct
+from envbuild.core.redact import redact
+from envbuild.build.render import render_entry, write_context
+from envbuild.core.store import ResultStore
+
+log = logging.getLogger(__name__)
+
+
+def log_dir() -> Path:
+    """Where the full build log of each entry is kept."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "envbuild" / "logs"
+
+
+def check_base(knowledge: Knowledge, entry: Entry, probe: BaseProbe) -> None:
+    """Refuse a base whose Python or OS cannot give this entry what it asks for."""
+    if probe.python is not None:
+        if probe.python != entry.python:
+            msg = (
+                f"base image {probe.ref} brings Python {probe.python}, but {entry.id} needs "
+                f"{entry.python}; use --python {probe.python} or a base with Python {entry.python}"
+            )
+            raise BadInput(msg)
+        return
+    base = knowledge.os_bases.get(entry.os)
+    if base is None or probe.os_codename != base.codename:
+        msg = (
+            f"base image {probe.ref} is {probe.os_id} {probe.os_codename} without python3, but "
+            f"{entry.id} is for {entry.os}; pass --os matching the base, or a base with Python "
+            f"{entry.python}"
+        )
+        raise BadInput(msg)
+    if base.python != entry.python:
+        msg = (
+            f"base image {probe.ref} has no python3 and {entry.os} provides Python {base.python}, "
+            f"but {entry.id} needs {entry.python}; use --python {base.python}"
+        )
+        raise BadInput(msg)
+
+
+def prepare(
+    engine: Engine,
+    knowledge: Knowledge,
+    entry: Entry,
+    options: BuildOptions,
+    probes: dict[str, BaseProbe] | None,
+    lock: Lock,
+) -> BuildContext:
+    """Probe the base image (once per reference in `probes`), check it fits, render the context
+    that installs `lock`."""
+    probe = probe_entry_base(engine, knowledge, entry, options, {} if probes is None else probes)
+    return render_entry(entry, options, probe, lock)
+
+
+def probe_entry_base(
+    engine: Engine,
+    knowledge: Knowledge,
+    entry: Entry,
+    options: BuildOptions,
+    probes: dict[str, BaseProbe],
+) -> BaseProbe:
+    """The entry's base image probed (once per reference in `probes`) and checked to fit it."""
+    base_ref = options.base_image or entry.base_image
+    if base_ref not in probes:
+        probes[base_ref] = engine.probe_base(base_ref)
+    check_base(knowledge, entry, probes[base_ref])
+    return probes[base_ref]
+
+
+def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:
+    """The image envbuild built for this content hash, if the engine still has it.
+
+    Found by the image id recorded at build time, never by the content-hash label alone: an
+    image built FROM an envbuild image inherits that label and is not ours.
+    """
+    record = store.built_image(context.content_hash)
+    if record is None:
+        return None
+    image = engine.image(record.image_id)
+    if image is None or image.labels.get(label_keys.CONTENT_HASH) != context.content_hash:
+        return None
+    return image
+
+
+def build_entry(
+    engine: Engine,
+    context: BuildContext,
+    *,
+    store: ResultStore,
+    on_line: Callable[[str], None] = lambda line: None,
+    no_cache: bool = False,
+    proxy: ProxySettings | None = None,
+) -> BuiltImage:
+    """Build one rendered entry, or find the image envbuild built for its content hash; tag it.
+
+    `proxy` reaches the RUN steps as Docker's predefined proxy arguments, with the build
+    server's address in NO_PROXY; an --offline build gets none (it has no route off the host)."""
+    entry = context.entry
+    start = time.monotonic()
+    existing = None if no_cache else _built_before(engine, store, context)
+    if existing is not None:
+        tagged = engine.image(entry.image)
+        moved_from = tagged.id if tagged is not None and tagged.id != existing.id else None
+        if moved_from is not None:
+            log.warning(
+                "%s pointed at %s, not at %s that envbuild built for it; tag restored",
+                entry.image, moved_from[:19], existing.id[:19],
+            )  # fmt: skip
+        if tagged is None or moved_from is not None:
+            engine.tag(existing.id, entry.image)
+        return BuiltImage(
+            entry=entry,
+            id=existing.id,
+            tags=tuple(dict.fromkeys((*existing.tags, entry.image))),
+            built=False,
+            log_path=None,
+            seconds=time.monotonic() - start,
+            tag_restored_from=moved_from,
+        )
+    logs = log_dir()
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{entry.id}.log"
+    labels = {
+        **context.labels,
+        label_keys.VERSION: __version__,
+        "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp,
+        log_path.open("w", encoding="utf-8", buffering=1) as log_file,
+    ):
+        write_context(context, Path(tmp))
+
+        def record(line: str) -> None:
+            line = redact(line)
+            log_file.write(line + "\n")
+            on_line(line)
+
+        network = not context.offline
+        try:
+            # The server lives exactly as long as the build: its URL, kept in the image
+            # history by the classic builder, names a closed port afterwards.
+            gateway = engine.bridge_gateway(network=network)
+            with serve_build(gateway, context.served) as url:
+                image_id = engine.build(
+                    Path(tmp),
+                    tag=entry.image,
+                    labels=labels,
+                    build_args={**context.build_args, SERVE_ARG: url},
+                    on_line=record,
+                    network=network,
+                    no_cache=no_cache,
+                    proxy=(
+                        with_direct(proxy, gateway)
+                        if proxy is not None and not proxy.empty and network
+                        else None
+                    ),
+                )
+        except BuildFailed as exc:
+            msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
+            raise BuildFailed(msg) from exc
+    store.record_built(context.content_hash, entry.id, entry.image, image_id)
+    return BuiltImage(
+        entry=entry,
+        id=image_id,
+        tags=(entry.image,),
+        built=True,
+        log_path=log_path,
+        seconds=time.monotonic() - start,
+    )

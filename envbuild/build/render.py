@@ -1,0 +1,322 @@
+"""Entry + Lock → BuildContext: the Dockerfile from templates/, its context files, the content hash.
+
+The context holds the Dockerfile, envbuild.lock and the installer script, nothing else: what
+the install fetches but the image must not hold (CA bundle, index URLs, uv, the wheelhouse) is
+described in `BuildContext.served` and served by envbuild/build/server.py during the build."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from envbuild.core import labels
+from envbuild.core.errors import BadInput
+from envbuild.core.versions import cuda_tag
+from envbuild.core.models import CPU, NO_FRAMEWORK_INDEX, BaseProbe, BuildContext, BuildOptions, Entry, Lock, ServedInputs
+from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
+from envbuild.core.resources import templates_dir
+from envbuild.lock.wheelhouse import framework_index as framework_from
+from envbuild.lock.wheelhouse import has_framework_wheel, wheelhouse_files
+
+if TYPE_CHECKING:
+    pass
+
+LOCK_NAME = "envbuild.lock"  # in the context; the image keeps it at /opt/venv/envbuild.lock
+INSTALLER_NAME = "install_env.py"
+INSTALLER = Path(__file__).resolve().parents[1] / "payload" / INSTALLER_NAME
+LOCK_MAX_BYTES = 16 * 1024 * 1024
+CA_MAX_BYTES = 10 * 1024 * 1024
+PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+# What may reach the Dockerfile inside quotes or after FROM/LABEL: no quote, backslash,
+# variable, newline or other control character.
+_TEMPLATE_SAFE = re.compile(r"[A-Za-z0-9 _.,:;/@=+()\[\]<>!~*-]*")
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.do"],
+        autoescape=False,
+    )
+
+
+def check_options(options: BuildOptions) -> BuildOptions:
+    """Refuse build options that cannot be used, each naming its option; resolve the CA bundle.
+
+    Every string here reaches a Dockerfile or a build argument, every file a build context.
+    """
+    if options.base_image is not None:
+        problem = image_reference_problem(options.base_image)
+        if problem is not None:
+            msg = (
+                f"--base-image {shown(options.base_image)}: {problem}; give an image reference "
+                "such as python:3.11-slim-bookworm, registry.example.com/team/base:1 or sha256:<id>"
+            )
+            raise BadInput(msg)
+    urls = [("--index-url", options.index_url)] if options.index_url is not None else []
+    urls += [("--extra-index-url", url) for url in options.extra_index_urls]
+    if options.framework_index not in (None, NO_FRAMEWORK_INDEX):
+        urls.append(("--framework-index", options.framework_index))
+    for option, url in urls:
+        problem = index_url_problem(url)
+        if problem is not None:
+            msg = (
+                f"{option} {shown(redact_url(url))}: {problem}; "
+                "give an http(s) URL such as https://mirror.example/simple"
+            )
+            raise BadInput(msg)
+    if options.wheelhouse is not None:
+        _wheelhouse(options.wheelhouse)
+    if options.ca_bundle is None:
+        return options
+    return dataclasses.replace(options, ca_bundle=check_ca_bundle(options.ca_bundle))
+
+
+def _wheelhouse(wheelhouse: Path) -> None:
+    try:
+        is_dir = wheelhouse.is_dir()
+    except (OSError, ValueError):
+        is_dir = False
+    if not is_dir:
+        msg = f"--wheelhouse {shown(str(wheelhouse))}: not a directory; pass a folder of .whl files"
+        raise BadInput(msg)
+
+
+def _regular_file(path: Path, option: str, fix: str = "pass a PEM bundle") -> Path:
+    """`path` with every link resolved; BadInput unless it ends at a regular file."""
+    try:
+        resolved = path.resolve(strict=True)
+        mode = resolved.stat().st_mode
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a link loop
+        loop = isinstance(exc, RuntimeError)
+        reason = "a loop of links" if loop else getattr(exc, "strerror", None) or "no such file"
+        msg = f"{option} {shown(str(path))}: {reason.lower()}; {fix}"
+        raise BadInput(msg) from exc
+    if not stat.S_ISREG(mode):
+        msg = f"{option} {shown(str(path))}: not a regular file; {fix}"
+        raise BadInput(msg)
+    return resolved
+
+
+def check_ca_bundle(path: Path) -> Path:
+    """The CA bundle's real file, once it is known to be a readable PEM bundle of sane size."""
+    resolved = _regular_file(path, "--ca-bundle")
+    where = f"--ca-bundle {shown(str(path))}"
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the check must not hang the read.
+        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                msg = f"{where}: not a regular file; pass a PEM bundle"
+                raise BadInput(msg)
+            data = handle.read(CA_MAX_BYTES + 1)
+    except OSError as exc:
+        msg = f"{where}: cannot read it ({exc.strerror}); pass a readable PEM bundle"
+        raise BadInput(msg) from exc
+    if len(data) > CA_MAX_BYTES:
+        msg = f"{where}: larger than {CA_MAX_BYTES // (1024 * 1024)} MiB; pass a PEM bundle"
+        raise BadInput(msg)
+    if PEM_CERTIFICATE not in data:
+        msg = (
+            f"{where}: holds no PEM certificate ({PEM_CERTIFICATE.decode()}); "
+            "pass the PEM bundle your proxy or index is signed by"
+        )
+        raise BadInput(msg)
+    return resolved
+
+
+def check_lock(lock: Lock) -> None:
+    """Refuse a lock the image cannot install as it is: too big, or carrying pip options (an
+    `--index-url` or `-r` line would change where packages come from or what is read)."""
+    where = f"lock {shown(str(lock.path or lock.entry_id))}"
+    if len(lock.text.encode()) > LOCK_MAX_BYTES:
+        msg = (
+            f"{where}: larger than {LOCK_MAX_BYTES // (1024 * 1024)} MiB; run `envbuild lock` again"
+        )
+        raise BadInput(msg)
+    for number, line in enumerate(lock.text.splitlines(), 1):
+        stripped = line.strip()
+        if "\0" in line or (stripped.startswith("-") and not stripped.startswith("--hash=")):
+            msg = (
+                f"{where}:{number}: {shown(stripped, 40)} is not a pinned requirement or its "
+                "hash; locks hold only `name==version --hash=...`: run `envbuild lock` again"
+            )
+            raise BadInput(msg)
+
+
+def _hash(base_id: str, dockerfile: str, lock: Lock, installer: bytes) -> str:
+    """What names the image: the base, the Dockerfile, the lock and the installer. Never the
+    CA bundle or the index settings (how to reach a package, not what is installed) nor the
+    wheelhouse (the lock's hashes already fix every file the image gets)."""
+    digest = hashlib.sha256()
+    for part in (f"base {base_id}", dockerfile, lock.text, installer):
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(f"{len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def render_entry(
+    entry: Entry, options: BuildOptions, base: BaseProbe | None, lock: Lock
+) -> BuildContext:
+    """Render one entry's Dockerfile for its lock and gather what its build is served; no
+    Docker involved. `base` is the probed base image (None: assume it brings Python)."""
+    base_image = options.base_image or entry.base_image
+    _check_template_values(entry, base_image)
+    check_lock(lock)
+    ca_bundle = None
+    if options.ca_bundle is not None:
+        ca_bundle = _regular_file(options.ca_bundle, "--ca-bundle")
+    wheels: tuple[Path, ...] = ()
+    if options.wheelhouse is not None:
+        _wheelhouse(options.wheelhouse)
+        wheels = wheelhouse_files(options.wheelhouse)
+    wheels_hold_framework = has_framework_wheel(entry, wheels)
+    if options.offline and not wheels_hold_framework:
+        msg = (
+            f"--offline: the wheelhouse holds no {entry.install.requirement} wheel for "
+            f"Python {entry.python}; add it to --wheelhouse or drop --offline"
+        )
+        raise BadInput(msg)
+    framework_index = framework_from(entry, options)
+    extra_index_urls = options.extra_index_urls + ((framework_index,) if framework_index else ())
+    served = ServedInputs(
+        ca_bundle=ca_bundle,
+        wheels=wheels,
+        index_url=None if options.offline else options.index_url,
+        extra_index_urls=() if options.offline else extra_index_urls,
+        offline=options.offline,
+    )
+    values = {
+        "entry": entry,
+        "base_image": base_image,
+        "cuda_label": "CPU" if entry.cuda == CPU else f"CUDA {entry.cuda}, {cuda_tag(entry.cuda)}",
+        "python_from_os": base is not None and base.python is None,
+        "framework_index": framework_index,
+        "lock_digest": lock.digest,
+        "label": labels.TEMPLATE_KEYS,
+        # torch's DataLoader workers hand batches over through /dev/shm.
+        "run_shm_size": labels.TORCH_SHM_SIZE if entry.framework == "torch" else "",
+    }
+    environment = _environment()
+    dockerfile = environment.get_template("Dockerfile.j2").render(values)
+    runtime_stage = environment.get_template("runtime.j2").render(values)
+    content_hash = _hash(
+        base.image_id if base else base_image, dockerfile, lock, INSTALLER.read_bytes()
+    )
+    return BuildContext(
+        entry=entry,
+        base_image=base_image,
+        dockerfile=dockerfile,
+        runtime_stage=runtime_stage,
+        files=((INSTALLER_NAME, INSTALLER),),
+        build_args={},
+        content_hash=content_hash,
+        labels={labels.CONTENT_HASH: content_hash},  # the lock digest is in the Dockerfile
+        offline=options.offline,
+        lock=lock,
+        served=served,
+    )
+
+
+def _check_template_values(entry: Entry, base_image: str) -> None:
+    """Defence in depth: what FROM and LABEL lines receive is checked here, whoever made it."""
+    for what, reference in (("base image", base_image), ("image", entry.image)):
+        problem = image_reference_problem(reference)
+        if problem is not None:
+            msg = f"{what} {shown(reference)} of {shown(entry.id)}: {problem}"
+            raise BadInput(msg)
+    values = {
+        "id": entry.id, "framework": entry.framework, "framework_version": entry.framework_version,
+        "cuda": entry.cuda, "cudnn": entry.cudnn or "", "nccl": entry.nccl or "",
+        "python": entry.python, "os": entry.os, "requirement": entry.install.requirement,
+        "index_url": entry.install.index_url or "",
+    }  # fmt: skip
+    for field, value in values.items():
+        if not _TEMPLATE_SAFE.fullmatch(value):
+            msg = f"entry {shown(entry.id)}: {field} {shown(value)} cannot go into a Dockerfile"
+            raise BadInput(msg)
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def _parts(name: str) -> list[str]:
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        msg = f"context path {shown(name)} is not a plain relative path"
+        raise BadInput(msg)
+    return parts
+
+
+def _real_directory(parent: int, name: str) -> int:
+    """Open the folder `name` in `parent`, made if missing; a link there is replaced, never followed."""
+    try:
+        mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    else:
+        if stat.S_ISLNK(mode):
+            os.unlink(name, dir_fd=parent)
+            os.mkdir(name, 0o755, dir_fd=parent)
+    return os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
+
+
+def _remove(parent: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=parent)
+
+
+def _new_file(parent: int, name: str) -> int:
+    """A fresh file `name` in `parent`: whatever was there (a link, a hard link, a FIFO) is
+    removed first, so writing never reaches another file."""
+    _remove(parent, name)
+    return os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=parent)
+
+
+def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
+    """Lay the build context out in `root`/`name`: the Dockerfile, envbuild.lock and the
+    installer; return that folder. Nothing secret is in it (see `BuildContext.served`).
+
+    Nothing below `root` is followed: links found there are replaced by real folders and
+    files, so a planted link cannot make envbuild write elsewhere. Files are copies.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    parts = tuple(_parts(name)) if name else ()
+    opened: dict[tuple[str, ...], int] = {(): os.open(root, os.O_RDONLY | os.O_DIRECTORY)}
+
+    def folder(path: tuple[str, ...]) -> int:
+        if path not in opened:
+            opened[path] = _real_directory(folder(path[:-1]), path[-1])
+        return opened[path]
+
+    try:
+        top = folder(parts)
+        with os.fdopen(_new_file(top, "Dockerfile"), "w", encoding="utf-8") as handle:
+            handle.write(context.dockerfile)
+        if context.lock is not None:
+            with os.fdopen(_new_file(top, LOCK_NAME), "w", encoding="utf-8") as handle:
+                handle.write(context.lock.text)
+        for target, source in context.files:
+            *folders, filename = _parts(target)
+            parent = folder((*parts, *folders))
+            with source.open("rb") as src, os.fdopen(_new_file(parent, filename), "wb") as dst:
+                shutil.copyfileobj(src, dst, 1024 * 1024)
+    finally:
+        for fd in opened.values():
+            os.close(fd)
+    return root.joinpath(*parts)

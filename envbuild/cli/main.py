@@ -1,0 +1,484 @@
+"""Command line: parse options, call the library, turn errors into exit codes.
+
+Heavy modules (docker, jinja2, the knowledge base) are imported inside the commands so that
+`envbuild --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from envbuild import __version__
+from envbuild.cli.bench import bench
+from envbuild.cli.lock import lock, locked_option, locks_for
+from envbuild.cli.maintenance import base, knowledge
+from envbuild.cli.options import (
+    build_options_from,
+    ca_bundle_option,
+    fetch_options,
+    fleet_from,
+    fleet_option,
+    package_options,
+    plan_from,
+    proxy_option,
+    reports_errors,
+    selectors,
+)
+from envbuild.core.errors import EXIT_FAILED, EnvbuildError
+from envbuild.net.trust import trusting
+
+if TYPE_CHECKING:
+    from envbuild.core.models import Entry, Gpu
+    from envbuild.core.store import ResultStore
+    from envbuild.engine.interface import Engine
+    from envbuild.publish.push import Candidate, Published
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="envbuild")
+@click.option("-v", "--verbose", is_flag=True, help="Show debug logging.")
+def main(verbose: bool) -> None:
+    """Build GPU training images from a compatibility matrix and prove they train."""
+    from envbuild.core.interrupt import install_sigterm
+    from envbuild.core.redact import RedactingFilter
+
+    install_sigterm()
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="envbuild: %(levelname)s: %(message)s",
+    )
+    for handler in logging.getLogger().handlers:  # every library's records, urllib3's included
+        handler.addFilter(RedactingFilter())
+
+
+@main.command()
+@selectors
+@package_options
+@fetch_options
+@click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="GPU",
+    help="Drop entries that cannot run on this GPU (H100, 'RTX 4090', sm_90, 9.0); repeatable.",
+)
+@click.option("--explain", is_flag=True, help="Show the facts behind each decision, with sources.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@reports_errors
+def plan(driver: str | None, gpus: tuple[str, ...], explain: bool, fmt: str, **kwargs: Any) -> None:
+    """Show what would be built, and what cannot be and why; and each entry's lock state."""
+    from envbuild.cli.lock import lock_summary, plan_locks_document, plan_with_locks
+    from envbuild.knowledge.load import load_knowledge
+    from envbuild.report.documents import plan_document, plan_table
+
+    fleet = fleet_from(load_knowledge(), driver, gpus)
+    options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
+    known, _, result = plan_from(kwargs, fleet=fleet)
+    result, states = plan_with_locks(result, options, matrix_path, known)
+    if fmt == "json":
+        document = plan_locks_document(plan_document(result, explain=explain), states)
+        click.echo(json.dumps(document, indent=2))
+    else:
+        click.echo(
+            "\n".join([*plan_table(result, explain=explain), *lock_summary(states, matrix_path)])
+        )
+
+
+@main.command("ci-matrix")
+@selectors
+@reports_errors
+def ci_matrix(**kwargs: Any) -> None:
+    """Print the entries as a GitHub Actions strategy.matrix: {"include": [...]} on one line."""
+    from envbuild.plan.ci_matrix import github_matrix
+
+    matrix_file = kwargs["matrix_file"]
+    _, _, result = plan_from(kwargs)
+    click.echo(
+        json.dumps(github_matrix(result, matrix_file=str(matrix_file) if matrix_file else None))
+    )
+
+
+@main.command()
+@selectors
+@package_options
+@fetch_options
+@locked_option
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder to write one build context per entry into.",
+)
+@reports_errors
+def render(output: Path, locked: bool, **kwargs: Any) -> None:
+    """Write each entry's Dockerfile and build context for review (no Docker needed).
+
+    Files are copies (editing them changes no original); links found under the output folder
+    are replaced, never followed.
+    """
+    from envbuild.build.render import render_entry, write_context
+    from envbuild.core.errors import BadInput
+    from envbuild.core.names import shown
+
+    options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
+    known, _, result = plan_from(kwargs, newest_only=False)
+    locks = locks_for(result.entries, options, matrix_path, known, locked=locked)
+    where = f"-o {shown(str(output))}"
+    try:
+        if output.exists() and not output.is_dir():
+            msg = f"{where}: not a folder; pass a folder to write the build contexts into"
+            raise BadInput(msg)
+        output.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        msg = f"{where}: cannot make the folder ({reason}); pass a writable folder"
+        raise BadInput(msg) from exc
+    for entry in result.entries:
+        context = render_entry(entry, options, None, locks[entry.id])
+        try:
+            directory = write_context(context, output, entry.id)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.filename is not None:
+                reason += f": {shown(str(exc.filename))}"
+            msg = f"{where}: cannot write {entry.id} ({reason}); pass a writable folder"
+            raise BadInput(msg) from exc
+        click.echo(f"{entry.id}: {directory / 'Dockerfile'}")
+
+
+@main.command()
+@selectors
+@package_options
+@fetch_options
+@locked_option
+@click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")
+@click.option(
+    "--gpus",
+    type=click.Choice(["auto", "all", "none"]),
+    default="auto",
+    show_default=True,
+    help="GPUs for the smoke test.",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Entries built at the same time.",
+)
+@click.option(
+    "--keep-going", is_flag=True, help="Build every entry even after one failed (default: stop)."
+)
+@click.option(
+    "--report", "report_file", type=click.Path(path_type=Path), help="Write a JSON report here."
+)
+@click.option(
+    "--junit", "junit_file", type=click.Path(path_type=Path), help="Write a JUnit XML report here."
+)
+@click.option("--no-cache", is_flag=True, help="Rebuild every layer, even of an image that exists.")
+@click.option(
+    "--push",
+    "push_registry",
+    metavar="REGISTRY",
+    help="Publish what passed to this registry (host[/prefix]) in the same run.",
+)
+@fleet_option
+@reports_errors
+@proxy_option
+def build(
+    no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
+    junit_file: Path | None, push_registry: str | None, no_cache: bool, locked: bool,
+    fleet_gpus: tuple[str, ...], **kwargs: Any,
+) -> None:  # fmt: skip
+    """Build images for the selected entries, then smoke-test them.
+
+    Without -m, the newest release that fits the selectors is built (a --framework-version
+    prefix such as 0.10 builds the newest 0.10.x); a matrix file builds all its entries.
+    """
+
+    from envbuild.cli.progress import ProgressView
+    from envbuild.core.store import ResultStore
+    from envbuild.pipeline.entries import RunOptions, run_entries
+    from envbuild.report.documents import append_step_summary, write_build_reports
+
+    options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
+    with trusting(options.ca_bundle):  # the registry of --push is checked against it too
+        knowledge, _, result = plan_from(kwargs, newest_only=True)
+        fleet = fleet_from(knowledge, None, fleet_gpus)
+        run = RunOptions(
+            jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
+            push_registry=None if no_smoke else push_registry, fleet=fleet.gpus if fleet else (),
+        )  # fmt: skip
+        with ProgressView([e.id for e in result.entries]) as view:
+            results = run_entries(
+                knowledge,
+                result.entries,
+                options,
+                run,
+                store=ResultStore.default(),
+                on_event=view.event,
+                locks=lambda: locks_for(
+                    result.entries, options, matrix_path, knowledge, locked=locked
+                ),
+            )
+        click.echo("\n".join(view.summary(results)), err=True)
+        write_build_reports(results, json_file=report_file, junit_file=junit_file)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            try:
+                append_step_summary(Path(summary), results)
+            except OSError as exc:
+                click.echo(
+                    f"envbuild: cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", err=True
+                )
+        if push_registry is not None:
+            if no_smoke:
+                click.echo(
+                    "envbuild: --push publishes only smoke-tested images; nothing pushed (--no-smoke)",
+                    err=True,
+                )
+            else:
+                fresh = [r.entry for r in results if r.passed and r.published is None]
+                if fresh:
+                    _publish_entries(fresh, push_registry, report_file=None)
+        if not all(r.passed for r in results):
+            sys.exit(EXIT_FAILED)
+
+
+def _publish_entries(
+    entries: list[Entry], registry: str, *, report_file: Path | None, fleet: tuple[Gpu, ...] = ()
+) -> None:
+    from envbuild.core.store import ResultStore
+    from envbuild.engine.interface import connect
+    from envbuild.publish.push import entry_candidates
+
+    engine = connect()
+    store = ResultStore.default()
+    items = entry_candidates(engine, store, entries)
+    _publish_items(engine, store, items, registry, report_file, fleet)
+
+
+def _publish_items(
+    engine: Engine,
+    store: ResultStore,
+    items: list[Candidate],
+    registry: str,
+    report_file: Path | None,
+    fleet: tuple[Gpu, ...] = (),
+) -> None:
+    """Publish, showing each reference; the report lists what was published, even on failure."""
+    from envbuild.publish.push import publish_images
+    from envbuild.report.documents import write_json
+
+    published: list[dict[str, Any]] = []
+
+    def start(item: Candidate) -> None:
+        click.echo(f"publishing {item.source} to {registry}", err=True)
+
+    def done(item: Candidate, pushed: Published) -> None:
+        click.echo(f"  {pushed.kind:9} {pushed.reference} {pushed.digest}")
+        published.append({"image": item.source, "image_id": item.image_id, **pushed.as_dict()})
+
+    try:
+        publish_images(
+            engine, store, items, registry, on_start=start, on_published=done, fleet=fleet
+        )
+    finally:
+        if report_file is not None:
+            write_json(report_file, {"registry": registry, "published": published})
+
+
+@main.command()
+@selectors
+@click.argument("images", nargs=-1, metavar="[IMAGE]...")
+@click.option(
+    "--registry",
+    required=True,
+    metavar="HOST[/PREFIX]",
+    help="Where to publish, e.g. 127.0.0.1:5000/team.",
+)
+@click.option(
+    "--report",
+    "report_file",
+    type=click.Path(path_type=Path),
+    help="Write the pushed references as JSON.",
+)
+@fleet_option
+@reports_errors
+@proxy_option
+@ca_bundle_option
+def publish(
+    images: tuple[str, ...], registry: str, report_file: Path | None,
+    fleet_gpus: tuple[str, ...], **kwargs: Any,
+) -> None:  # fmt: skip
+    """Push vetted images (by selectors, or IMAGE references) and verify what the registry holds.
+
+    Only an image whose smoke test passed for its exact image id is pushed. The immutable tag
+    (tag-<content hash>) is pushed and verified first; the smoke report and package list are
+    attached to its digest; then the moving tags (torch2.13-cpu-py3.11, latest) follow.
+    """
+    from envbuild.core.errors import BadInput
+    from envbuild.core.store import ResultStore
+    from envbuild.engine.interface import connect
+    from envbuild.publish.push import built_entries, candidate
+
+    picked = any(
+        kwargs[k]
+        for k in ("framework", "framework_version", "cuda", "python", "os_name", "matrix_file")
+    )
+    if images and picked:
+        msg = "give either IMAGE references or selectors, not both"
+        raise BadInput(msg)
+    from envbuild.knowledge.load import load_knowledge
+
+    fleet = fleet_from(load_knowledge(), None, fleet_gpus)
+    gpus = fleet.gpus if fleet else ()
+    if images:
+        engine = connect()
+        store = ResultStore.default()
+        items = [candidate(engine, store, ref) for ref in images]
+        _publish_items(engine, store, items, registry, report_file, gpus)
+        return
+    _, _, result = plan_from(kwargs)
+    built = built_entries(connect(), result.entries)
+    _publish_entries(built, registry, report_file=report_file, fleet=gpus)
+
+
+@main.command()
+@click.argument("reference")
+@click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
+@reports_errors
+@proxy_option
+@ca_bundle_option
+def verify(reference: str, as_json: bool) -> None:
+    """Fetch the smoke report published next to REFERENCE and check it belongs to that image.
+
+    ENVBUILD_REGISTRY_TIMEOUT bounds the whole check (seconds, default 120).
+    """
+    from envbuild.net.bounded import printable
+    from envbuild.publish.verify import verify_reference
+
+    found = verify_reference(reference)
+    packages = [line for line in found.packages.splitlines() if line and not line.startswith("#")]
+    if as_json:  # json.dumps escapes every control character the registry's strings may hold
+        document = {
+            "reference": found.reference,
+            "digest": found.digest,
+            "passed": found.passed,
+            "smoke": found.report,
+            "packages": packages,
+            "sbom": found.sbom,
+        }
+        click.echo(json.dumps(document, indent=2))
+    else:
+        train = found.report.get("train")
+        train = train if isinstance(train, dict) else {}
+        verdict = "passed" if found.passed else "FAILED"
+        first, last = printable(train.get("loss_first"), 40), printable(train.get("loss_last"), 40)
+        click.echo(f"{printable(reference)}: {found.digest}")
+        click.echo(f"  smoke report of image {found.image_id}: {verdict}")
+        click.echo(f"  loss {first} -> {last}; {len(packages)} packages listed")
+        if found.sbom is not None:
+            sbom = found.sbom
+            click.echo(
+                f"  SBOM ({printable(sbom['format'], 40)}): {sbom['pypi']} Python and "
+                f"{sbom['deb']} OS packages"
+            )
+    if not found.passed:
+        msg = (
+            f"{printable(reference)}: the smoke report attached to {found.digest} did not pass; "
+            f"do not use this image, rebuild and publish it again"
+        )
+        raise EnvbuildError(msg)
+
+
+@main.command()
+@click.argument("image")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@click.option(
+    "--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True
+)
+@click.option(
+    "--timeout",
+    type=click.IntRange(10, 7200),
+    default=600,
+    show_default=True,
+    help="Seconds before the payload is killed.",
+)
+@fleet_option
+@reports_errors
+def smoke(image: str, as_json: bool, gpus: str, timeout: int, fleet_gpus: tuple[str, ...]) -> None:
+    """Prove IMAGE trains and all-reduces: run the smoke payload inside it."""
+    from envbuild.core.store import ResultStore
+    from envbuild.engine.interface import connect
+    from envbuild.knowledge.load import load_knowledge
+    from envbuild.report.documents import smoke_lines
+    from envbuild.smoke.runner import fleet_refusal, smoke_image
+
+    fleet = fleet_from(load_knowledge(), None, fleet_gpus)  # a bad --gpu fails before any work
+    store = ResultStore.default()  # an unusable record fails before minutes of work
+    engine = connect()
+    engine.remove_leftovers()
+    result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
+    store.record_smoke(result)  # publish trusts only recorded results
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        click.echo("\n".join(smoke_lines(result)))
+    if not result.passed:
+        failed = ", ".join(c.detail for c in result.checks if not c.passed)
+        click.echo(f"envbuild: smoke test of {image} failed: {failed}", err=True)
+        sys.exit(EXIT_FAILED)
+    found = engine.image(image)
+    refusal = fleet and found and fleet_refusal(result.payload, found.labels, fleet.gpus)
+    if refusal:
+        click.echo(f"envbuild: {image} passed, but not for --gpu: {refusal}", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+@main.command()
+@click.option(
+    "-m",
+    "--matrix",
+    "matrix_file",
+    type=click.Path(path_type=Path),
+    help="Matrix to check against [default: matrices/default.yaml].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@reports_errors
+def doctor(matrix_file: Path | None, as_json: bool) -> None:
+    """What this host has (engine, driver, GPUs, shm, disk) and which images it can run."""
+    from envbuild.core.errors import EXIT_NO_ENGINE
+    from envbuild.core.models import Selection
+    from envbuild.host.doctor import examine_host, report_lines
+    from envbuild.knowledge.load import load_knowledge
+    from envbuild.plan.matrix_file import default_matrix_path, load_matrix
+
+    knowledge = load_knowledge()
+    matrix = load_matrix(matrix_file or default_matrix_path(), knowledge)
+    report = examine_host(knowledge, matrix, Selection())
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo("\n".join(report_lines(report)))
+    if not report.engine["reachable"]:
+        sys.exit(EXIT_NO_ENGINE)
+
+
+main.add_command(bench)
+main.add_command(knowledge)
+main.add_command(base)
+main.add_command(lock)

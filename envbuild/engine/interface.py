@@ -1,0 +1,141 @@
+"""The engine interface: what envbuild asks of a container engine, and how to connect to one.
+
+`Engine` is a Protocol. Its one real implementation, `envbuild.engine.docker_engine.DockerEngine`, is
+the only module that imports docker; unit tests of the build, pipeline and publish logic use an
+in-memory engine instead, and the real-engine tests prove the implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+from envbuild.core.models import BaseProbe, ProxySettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    """What the engine knows about one local image."""
+
+    id: str
+    tags: tuple[str, ...]
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineInfo:
+    """What `docker info` says about the engine."""
+
+    version: str
+    runtimes: tuple[str, ...]
+    cdi_spec_dirs: tuple[str, ...]
+    root_dir: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """Exit code and output of a container that has been removed."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    seconds: float
+
+
+class Engine(Protocol):
+    """A connected container engine: build, run, inspect, tag, push, remove, probe."""
+
+    def describe(self) -> EngineInfo:
+        """Version, runtimes and storage of the engine, for `envbuild doctor`."""
+        ...
+
+    def has_nvidia_runtime(self) -> bool:
+        """True when the engine can hand GPUs to containers."""
+        ...
+
+    def image(self, ref: str) -> ImageInfo | None:
+        """The local image `ref` (a tag or an id) names, or None."""
+        ...
+
+    def tag(self, image_id: str, ref: str) -> None:
+        """Point `ref` (repo:tag) at the image."""
+        ...
+
+    def build(
+        self,
+        context_dir: Path,
+        *,
+        tag: str | None,
+        labels: dict[str, str],
+        build_args: dict[str, str],
+        on_line: Callable[[str], None],
+        network: bool = True,
+        target: str | None = None,
+        no_cache: bool = False,
+        proxy: ProxySettings | None = None,
+    ) -> str:
+        """Build the context, streaming every output line; return the image id (BuildFailed).
+
+        network=False: the RUN steps reach the host (`bridge_gateway(network=False)`) and
+        nothing beyond it. `proxy`: passed as Docker's predefined proxy build arguments
+        (HTTP_PROXY, HTTPS_PROXY, NO_PROXY and lowercase), which the RUN steps see and which
+        stay out of the history and the cache key."""
+        ...
+
+    def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
+        """Import a root filesystem tarball as image `ref`; return its id."""
+        ...
+
+    def push(
+        self,
+        image_id: str,
+        ref: str,
+        *,
+        auth_config: dict[str, str] | None,
+        on_line: Callable[[str], None],
+    ) -> str:
+        """Push the image as `ref` (host/repo:tag); return the digest the push reported."""
+        ...
+
+    def probe_base(self, ref: str) -> BaseProbe:
+        """Which OS a base image holds and which python3, if any."""
+        ...
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        timeout: float,
+        files: dict[str, bytes] | None = None,
+        gpus: bool = False,
+        shm_size: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> RunResult:
+        """Run `command` in a fresh container with `files` copied in; the container is removed.
+        `shm_size` sizes /dev/shm (None: Docker's default, 64 MB)."""
+        ...
+
+    def remove_leftovers(self) -> int:
+        """Remove the stopped containers a dead earlier run left; return how many."""
+        ...
+
+    def bridge_gateway(self, *, network: bool = True) -> str:
+        """The host address a build's RUN steps reach: the default bridge's gateway, or with
+        network=False that of the build network with no route off the host."""
+        ...
+
+    def remove_run_containers(self, run: str) -> int:
+        """Force-remove every container run `run` made; return how many."""
+        ...
+
+
+def connect() -> Engine:
+    """The Docker engine DOCKER_HOST or the default socket names; EngineUnavailable if it does
+    not answer. docker-py is imported only here, so commands that need no engine never load it."""
+    from envbuild.engine.docker_engine import DockerEngine
+
+    return DockerEngine.connect()

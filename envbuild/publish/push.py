@@ -1,0 +1,254 @@
+"""Publish only vetted images: push, read the digest back from the registry, then record it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from envbuild.core import labels as label_keys
+from envbuild.core.errors import BadInput, EnvbuildError
+from envbuild.core.models import Entry, Gpu
+from envbuild.core.names import split_tag
+from envbuild.core.store import ResultStore
+from envbuild.core.versions import cuda_tag
+from envbuild.engine.interface import Engine
+from envbuild.net.credentials import docker_auth_config
+from envbuild.plan.matrix import newest_per_framework
+from envbuild.publish.evidence import PACKAGES, SMOKE_REPORT, attach_evidence, image_config_digest
+from envbuild.publish.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
+from envbuild.publish.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
+from envbuild.publish.verify import Target, held_digest, target
+from envbuild.registry import RegistryClient
+from envbuild.smoke.runner import fleet_refusal
+
+PACKAGES_SCRIPT = (
+    "echo '# pip freeze'; (python3 -m pip freeze --all 2>/dev/null || true); "
+    "echo '# dpkg'; (dpkg-query -W -f '${Package} ${Version}\\n' 2>/dev/null || true)"
+)
+LOCK_SCRIPT = "cat /opt/venv/envbuild.lock 2>/dev/null || true"  # images before locks have none
+
+
+class NotVetted(EnvbuildError):
+    """An image without a passing smoke test for its exact id."""
+
+
+class NotOurs(EnvbuildError):
+    """An image that carries envbuild's labels but is not the image envbuild built for them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Published:
+    """One reference pushed and verified."""
+
+    reference: str
+    digest: str
+    kind: str  # "immutable", "moving" or "evidence"
+
+    def as_dict(self) -> dict[str, str]:
+        """Plain mapping for the report."""
+        return {"reference": self.reference, "digest": self.digest, "kind": self.kind}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A local image to publish, with the tags it gets."""
+
+    source: str  # what the user named: an entry's image tag or an explicit reference
+    image_id: str
+    name: str  # repository name under the registry prefix, e.g. "torch"
+    tag: str  # e.g. "2.13.0-cpu-py3.11-bookworm"
+    content_hash: str | None
+    moving: tuple[str, ...]  # tags that move to this image once the immutable one is verified
+
+
+def candidate(
+    engine: Engine, store: ResultStore, ref: str, *, moving: tuple[str, ...] = ()
+) -> Candidate:
+    """Resolve a local image reference into what publish needs.
+
+    An image carrying envbuild's content-hash label is published under that hash only when it
+    is the very image envbuild built for it: a derived image inherits the label from its base,
+    and a tag can be moved (`docker tag`) to any image.
+    """
+    image = engine.image(ref)
+    if image is None:
+        msg = f"image {ref} is not in the local engine; build it first (`envbuild build`)"
+        raise BadInput(msg)
+    content_hash = image.labels.get(label_keys.CONTENT_HASH)
+    if content_hash is not None:
+        record = store.built_image(content_hash)
+        if record is None:
+            msg = (
+                f"refusing to publish {ref}: image {image.id[:19]} carries envbuild's content hash "
+                f"{content_hash[:12]}, but envbuild has no record of building it here (an image "
+                "built FROM an envbuild image inherits the label); rebuild the entry with "
+                "`envbuild build` to publish envbuild's own image"
+            )
+            raise NotOurs(msg)
+        if record.image_id != image.id:
+            msg = (
+                f"refusing to publish {ref}: it is image {image.id[:19]}, but envbuild built "
+                f"{record.image_id[:19]} for {record.entry_id} (content hash {content_hash[:12]}); "
+                "the tag was moved or the image derives from envbuild's; run `envbuild build` "
+                "with the same selectors to restore the tag"
+            )
+            raise NotOurs(msg)
+    path, tag = split_tag(ref)
+    tag = tag or "latest"
+    name = path.rsplit("/", 1)[-1]
+    if ref.startswith("sha256:"):
+        name, tag = image.labels.get(label_keys.FRAMEWORK, "image"), image.id[7:19]
+    return Candidate(
+        source=ref,
+        image_id=image.id,
+        name=name,
+        tag=tag,
+        content_hash=content_hash,
+        moving=moving,
+    )
+
+
+def moving_tags(entries: list[Entry]) -> dict[str, tuple[str, ...]]:
+    """Per entry id: the series tag (torch2.13-cpu-py3.11) and, for the newest release of each
+    framework in this run, `latest`."""
+    newest = newest_per_framework(entries)
+    tags: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        series = ".".join(entry.framework_version.split(".")[:2])
+        names = [f"{entry.framework}{series}-{cuda_tag(entry.cuda)}-py{entry.python}"]
+        if newest[entry.framework] is entry:
+            names.append("latest")
+        tags[entry.id] = tuple(names)
+    return tags
+
+
+def built_entries(engine: Engine, entries: tuple[Entry, ...]) -> list[Entry]:
+    """The selected entries whose image is in the local engine; BadInput when none is."""
+    built = [e for e in entries if engine.image(e.image) is not None]
+    if not built:
+        msg = (
+            f"none of the {len(entries)} selected entries is built here; "
+            "run `envbuild build` with the same selectors first"
+        )
+        raise BadInput(msg)
+    return built
+
+
+def entry_candidates(engine: Engine, store: ResultStore, entries: list[Entry]) -> list[Candidate]:
+    """Each entry's image as a candidate, with its moving tags (series, and `latest`)."""
+    tags = moving_tags(entries)
+    return [candidate(engine, store, e.image, moving=tags[e.id]) for e in entries]
+
+
+def publish_images(
+    engine: Engine,
+    store: ResultStore,
+    items: list[Candidate],
+    registry: str,
+    *,
+    on_start: Callable[[Candidate], None],
+    on_published: Callable[[Candidate, Published], None],
+    fleet: tuple[Gpu, ...] = (),
+) -> None:
+    """Publish each candidate in turn (see publish_image); stop at the first failure."""
+    for item in items:
+        on_start(item)
+        pushed = publish_image(
+            engine, store, item, registry, on_line=lambda line: None, fleet=fleet
+        )
+        for done in pushed:
+            on_published(item, done)
+
+
+def publish_image(
+    engine: Engine,
+    store: ResultStore,
+    item: Candidate,
+    registry: str,
+    *,
+    on_line: Callable[[str], None],
+    fleet: tuple[Gpu, ...] = (),
+) -> list[Published]:
+    """Push one vetted image under its immutable tag, verify the digest, attach the evidence, then
+    move the moving tags; record the publication only when the registry holds the tested image.
+    With a `fleet` (--gpu), an image without kernels for one of its GPUs is refused first."""
+    record = store.latest_smoke(item.image_id)
+    if record is None or not record.passed:
+        why = "has never been smoke-tested" if record is None else "failed its last smoke test"
+        msg = (
+            f"refusing to publish {item.source}: image {item.image_id[:19]} {why}; "
+            f"vet it with `envbuild smoke {item.source}` (or `envbuild build`) first"
+        )
+        raise NotVetted(msg)
+    image = engine.image(item.image_id) if fleet else None
+    refusal = image and fleet_refusal(record.report, image.labels, fleet)
+    if refusal:
+        msg = f"refusing to publish {item.source} for --gpu: {refusal}"
+        raise NotVetted(msg)
+    where = target(registry, item.name, item.tag, item.content_hash or item.image_id[7:])
+    host, repository, immutable = where.host, where.repository, where.immutable
+    auth = docker_auth_config(host)
+    with RegistryClient.for_host(host) as client:
+        _refuse_overwrite(client, where, item)
+        target_ref = where.reference
+        pushed = engine.push(item.image_id, target_ref, auth_config=auth, on_line=on_line)
+        held = client.manifest_digest(repository, immutable)
+        if held != pushed:
+            msg = f"{target_ref}: the registry holds {held}, but the push reported {pushed}; not published"
+            raise EnvbuildError(msg)
+        body, media_type, _ = client.manifest_raw(repository, held)
+        try:
+            manifest = json.loads(body)
+        except ValueError:
+            manifest = None
+        if not isinstance(manifest, dict):
+            raise client.malformed(target_ref, kind="manifest", why="it is not a JSON object")
+        config = image_config_digest(client, manifest, target_ref)
+        if config != item.image_id:
+            msg = f"{target_ref}: the registry's image config is {config}, not the tested image {item.image_id}"
+            raise EnvbuildError(msg)
+        store.record_published(item.image_id, f"{host}/{repository}@{held}", held)
+        results = [Published(reference=target_ref, digest=held, kind="immutable")]
+        packages = engine.run(item.image_id, ["/bin/sh", "-c", PACKAGES_SCRIPT], timeout=120).stdout
+        lock = engine.run(item.image_id, ["/bin/sh", "-c", LOCK_SCRIPT], timeout=60).stdout
+        sbom = sbom_document(
+            target_ref, item.image_id, [*lock_packages(lock), *dpkg_packages(packages)]
+        )
+        evidence = attach_evidence(
+            client, repository, held, media_type, len(body),
+            {
+                SMOKE_REPORT: (json.dumps(record.report, indent=2).encode(), "application/json"),
+                PACKAGES: (packages.encode(), "text/plain"),
+                SBOM: (sbom, SBOM_MEDIA_TYPE),
+            },
+        )  # fmt: skip
+        results.append(
+            Published(reference=f"{host}/{repository}@{evidence}", digest=evidence, kind="evidence")
+        )
+        for tag in item.moving:
+            reference = f"{host}/{repository}:{tag}"
+            moved = engine.push(item.image_id, reference, auth_config=auth, on_line=on_line)
+            if client.manifest_digest(repository, tag) != held or moved != held:
+                msg = f"{reference}: the moving tag does not point at {held} after the push"
+                raise EnvbuildError(msg)
+            store.record_published(item.image_id, reference, held)
+            results.append(Published(reference=reference, digest=held, kind="moving"))
+    return results
+
+
+def _refuse_overwrite(client: RegistryClient, where: Target, item: Candidate) -> None:
+    """An immutable tag names one image forever: pushing another image under it is an error."""
+    held = held_digest(client, where)
+    if held is None:
+        return
+    manifest, _, _ = client.get_manifest(where.repository, held)
+    config = image_config_digest(client, manifest, where.reference)
+    if config != item.image_id:
+        msg = (
+            f"refusing to publish {item.source}: {where.reference} already names image "
+            f"{config[:19]} ({held[:19]}), not {item.image_id[:19]}; an immutable tag is never "
+            "overwritten (the same content was built again: publish the image the tag names, "
+            "or delete the tag in the registry)"
+        )
+        raise EnvbuildError(msg)

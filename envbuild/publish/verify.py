@@ -1,0 +1,137 @@
+"""What the registry already holds: an entry's immutable tag, the evidence attached to a digest.
+
+`build --push` asks before building, so a nightly run where nothing upstream moved builds
+nothing; `publish` asks before pushing, so an immutable tag never comes to name another image;
+`verify` shows what a published image was vetted with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envbuild.core.errors import BadInput, EnvbuildError
+from envbuild.core.names import split_tag
+from envbuild.net.bounded import printable
+from envbuild.publish.evidence import PACKAGES, find_evidence, image_config_digest, smoke_report
+from envbuild.publish.sbom import SBOM, summary
+from envbuild.registry import RegistryClient, parse_reference
+from envbuild.registry.errors import EvidenceNotFound, RegistryNotFound
+
+HASH_LENGTH = 12  # content-hash characters in an immutable tag
+
+
+def split_registry(registry: str) -> tuple[str, str]:
+    """`--registry HOST[/PREFIX]` as (host, prefix); BadInput when it names no host."""
+    host, _, prefix = registry.strip("/").partition("/")
+    if not host or ("." not in host and ":" not in host and host != "localhost"):
+        msg = f"--registry {registry!r} names no registry host (e.g. registry.example.com/ml or 127.0.0.1:5000/team)"
+        raise BadInput(msg)
+    return host, prefix
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where an image goes in a registry: its repository and immutable tag."""
+
+    host: str
+    repository: str
+    tag: str  # the image's own tag, e.g. 2.13.0-cpu-py3.11-bookworm
+    immutable: str  # tag-<content hash>: names one image forever
+
+    @property
+    def reference(self) -> str:
+        return f"{self.host}/{self.repository}:{self.immutable}"
+
+
+def target(registry: str, name: str, tag: str, content_hash: str) -> Target:
+    """The target of an image called `name`:`tag` (the last path part of its local repository)."""
+    host, prefix = split_registry(registry)
+    return Target(
+        host=host,
+        repository=f"{prefix}/{name}" if prefix else name,
+        tag=tag,
+        immutable=f"{tag}-{content_hash[:HASH_LENGTH]}",
+    )
+
+
+def entry_target(registry: str, image_ref: str, content_hash: str) -> Target:
+    """The target of an entry's image, named by its local reference (envbuild/torch:TAG)."""
+    path, tag = split_tag(image_ref)
+    return target(registry, path.rsplit("/", 1)[-1], tag or "latest", content_hash)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """What a registry holds for a digest, with the evidence attached to it."""
+
+    reference: str
+    digest: str
+    image_id: str  # the config digest the manifest names; the smoke report is about it
+    passed: bool
+    report: dict[str, Any]
+    packages: str
+    sbom: dict[str, Any] | None = None  # format and package counts, when the evidence has one
+
+
+def verify_digest(
+    client: RegistryClient, repository: str, reference: str, shown: str
+) -> Verification:
+    """Fetch the manifest at `reference` and the evidence attached to it; check they belong
+    together. Everything the registry returns is checked for shape; one deadline bounds it all."""
+    with client.operation():
+        manifest, _, digest = client.get_manifest(repository, reference)
+        image_id = image_config_digest(client, manifest, client.name(repository, digest))
+        files = find_evidence(client, repository, digest)
+        where = f"the evidence of {client.host}/{repository}@{digest}"
+        report = smoke_report(client, files, where)
+    if report["image_id"] != image_id:
+        msg = (
+            f"{printable(shown)}: the attached smoke report is for image "
+            f"{report['image_id']}, but {digest} holds image {image_id}"
+        )
+        raise EnvbuildError(msg)
+    return Verification(
+        reference=shown,
+        digest=digest,
+        image_id=image_id,
+        passed=report["passed"],
+        report=report,
+        packages=files.get(PACKAGES, b"").decode("utf-8", errors="replace"),
+        sbom=summary(files[SBOM]) if SBOM in files else None,
+    )
+
+
+def verify_reference(text: str) -> Verification:
+    """`envbuild verify REF`: the published image and the smoke report attached to it."""
+    ref = parse_reference(text)
+    with RegistryClient.for_host(ref.host) as client:
+        return verify_digest(client, ref.repository, ref.reference, text)
+
+
+def held_digest(client: RegistryClient, where: Target) -> str | None:
+    """The digest under the immutable tag, or None when the registry has no such tag."""
+    try:
+        return client.manifest_digest(where.repository, where.immutable)
+    except RegistryNotFound:
+        return None
+
+
+def published_already(client: RegistryClient, where: Target) -> Verification | None:
+    """The immutable tag's image and evidence when it was published and vetted; None when the
+    tag is not there. A tag without passing evidence is an error: envbuild never wrote one, and
+    it must not be overwritten or taken as vetted."""
+    if held_digest(client, where) is None:
+        return None
+    try:
+        found = verify_digest(client, where.repository, where.immutable, where.reference)
+    except EvidenceNotFound:
+        found = None
+    if found is None or not found.passed:
+        why = "no envbuild evidence" if found is None else "evidence of a failed smoke test"
+        msg = (
+            f"{where.reference} exists with {why} (an interrupted publish, or not envbuild's); "
+            "an immutable tag is never overwritten: delete it in the registry, then run again"
+        )
+        raise EnvbuildError(msg)
+    return found

@@ -1,0 +1,246 @@
+"""An in-memory engine for unit tests of the build, pipeline and publish logic.
+
+It is a test double for the engine boundary only: images are records with ids, tags and labels,
+builds return new ids, runs and base probes return what the test scripted. Nothing here says
+anything about Docker itself; the integration tier proves the real `DockerEngine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from envbuild.core.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
+from envbuild.core.models import BaseProbe, ProxySettings
+from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
+
+
+@dataclass
+class Image:
+    """One image the engine holds."""
+
+    id: str
+    tags: list[str]
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Build:
+    """What one call of `build` was given (the context directory is gone after the build)."""
+
+    dockerfile: str
+    files: tuple[str, ...]
+    tag: str | None
+    labels: dict[str, str]
+    build_args: dict[str, str]
+    network: bool
+    target: str | None
+    no_cache: bool
+    proxy: ProxySettings | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """What one call of `run` was given."""
+
+    image_id: str
+    command: list[str]
+    files: tuple[str, ...]
+    gpus: bool
+    shm_size: str | None = None
+    environment: dict[str, str] | None = None
+
+
+def _normalize(ref: str) -> str:
+    """`repo` means `repo:latest`, as for Docker."""
+    return ref if ":" in ref.rsplit("/", 1)[-1] else f"{ref}:latest"
+
+
+@dataclass
+class InMemoryEngine:
+    """Implements envbuild.engine.interface.Engine over dictionaries; every call is recorded."""
+
+    nvidia: bool = False
+    images: dict[str, Image] = field(default_factory=dict)
+    bases: dict[str, BaseProbe] = field(default_factory=dict)
+    outputs: dict[str, RunResult] = field(default_factory=dict)  # image id or tag -> result
+    failing_builds: dict[str, str] = field(default_factory=dict)  # tag -> build error
+    unavailable: bool = False  # every build raises EngineUnavailable, as a dead engine would
+    builds: list[Build] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    pushes: list[tuple[str, str]] = field(default_factory=list)  # (image id, reference)
+    probes: list[str] = field(default_factory=list)
+    gateway: str = "127.0.0.1"  # where envbuild's build server listens during a build
+    # Called with the build arguments while a build runs, as its RUN steps would run then.
+    during_build: Callable[[dict[str, str]], None] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    # -- what tests arrange -------------------------------------------------
+
+    def add_image(
+        self, seed: str, *, tags: tuple[str, ...] = (), labels: dict[str, str] | None = None
+    ) -> str:
+        """Put an image in the engine (as `docker build`/`pull` elsewhere would); return its id."""
+        image_id = "sha256:" + hashlib.sha256(seed.encode()).hexdigest()
+        with self._lock:
+            self.images[image_id] = Image(id=image_id, tags=[], labels=dict(labels or {}))
+        for tag in tags:
+            self.tag(image_id, tag)
+        return image_id
+
+    def add_base(
+        self, ref: str, *, codename: str = "bookworm", python: str | None = "3.11"
+    ) -> BaseProbe:
+        """A local base image and what probing it finds."""
+        image_id = self.add_image(f"base {ref}", tags=(ref,))
+        self.bases[ref] = BaseProbe(
+            ref=ref, image_id=image_id, os_id="debian", os_codename=codename, python=python
+        )
+        return self.bases[ref]
+
+    def remove_image(self, ref: str) -> None:
+        """Delete an image (`docker rmi`)."""
+        image = self.image(ref)
+        assert image is not None, f"no image {ref}"
+        with self._lock:
+            del self.images[image.id]
+
+    # -- the Engine protocol ------------------------------------------------
+
+    def describe(self) -> EngineInfo:
+        runtimes = ("nvidia", "runc") if self.nvidia else ("runc",)
+        return EngineInfo(version="in-memory", runtimes=runtimes, cdi_spec_dirs=(), root_dir="")
+
+    def has_nvidia_runtime(self) -> bool:
+        return self.nvidia
+
+    def image(self, ref: str) -> ImageInfo | None:
+        with self._lock:
+            found = self.images.get(ref) or next(
+                (i for i in self.images.values() if _normalize(ref) in i.tags), None
+            )
+            if found is None:
+                return None
+            return ImageInfo(id=found.id, tags=tuple(found.tags), labels=dict(found.labels))
+
+    def tag(self, image_id: str, ref: str) -> None:
+        ref = _normalize(ref)
+        with self._lock:
+            for image in self.images.values():  # a tag names one image: it moves
+                if ref in image.tags:
+                    image.tags.remove(ref)
+            self.images[image_id].tags.append(ref)
+
+    def build(
+        self,
+        context_dir: Path,
+        *,
+        tag: str | None,
+        labels: dict[str, str],
+        build_args: dict[str, str],
+        on_line: Callable[[str], None],
+        network: bool = True,
+        target: str | None = None,
+        no_cache: bool = False,
+        proxy: ProxySettings | None = None,
+    ) -> str:
+        dockerfile = (context_dir / "Dockerfile").read_text(encoding="utf-8")
+        files = tuple(sorted(str(p.relative_to(context_dir)) for p in context_dir.rglob("*")))
+        with self._lock:
+            self.builds.append(
+                Build(
+                    dockerfile=dockerfile, files=files, tag=tag, labels=dict(labels),
+                    build_args=dict(build_args), network=network, target=target, no_cache=no_cache,
+                    proxy=proxy,
+                )
+            )  # fmt: skip
+            number = len(self.builds)
+        if self.unavailable:
+            msg = "lost the Docker engine during the build: connection refused"
+            raise EngineUnavailable(msg)
+        if self.during_build is not None:
+            self.during_build(dict(build_args))
+        steps = [line for line in dockerfile.splitlines() if line[:1].isalpha()]
+        for index, step in enumerate(steps, 1):
+            on_line(f"Step {index}/{len(steps)} : {step}")
+        if tag is not None and tag in self.failing_builds:
+            on_line(f"ERROR: {self.failing_builds[tag]}")
+            raise BuildFailed(self.failing_builds[tag])
+        image_id = self.add_image(f"build {number}\n{dockerfile}", labels=labels)
+        if tag is not None:
+            self.tag(image_id, tag)
+        return image_id
+
+    def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
+        return self.add_image(f"import {ref} {len(tar_stream.read())}", tags=(ref,))
+
+    def push(
+        self,
+        image_id: str,
+        ref: str,
+        *,
+        auth_config: dict[str, str] | None,
+        on_line: Callable[[str], None],
+    ) -> str:
+        if image_id not in self.images:
+            msg = f"push of {ref} failed: no such image {image_id}"
+            raise EnvbuildError(msg)
+        with self._lock:
+            self.pushes.append((image_id, ref))
+        # One image, one manifest: every reference pushed from it has the same digest.
+        return "sha256:" + hashlib.sha256(f"manifest {image_id}".encode()).hexdigest()
+
+    def probe_base(self, ref: str) -> BaseProbe:
+        with self._lock:
+            self.probes.append(ref)
+        if ref not in self.bases:
+            msg = f"base image {ref} is not in the local engine and cannot be pulled"
+            raise BadInput(msg)
+        return self.bases[ref]
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        *,
+        timeout: float,
+        files: dict[str, bytes] | None = None,
+        gpus: bool = False,
+        shm_size: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> RunResult:
+        found = self.image(image)
+        if found is None:
+            msg = f"image {image} is not in the local engine; build or pull it first"
+            raise EnvbuildError(msg)
+        with self._lock:
+            self.runs.append(
+                Run(
+                    image_id=found.id,
+                    command=list(command),
+                    files=tuple(files or ()),
+                    gpus=gpus,
+                    shm_size=shm_size,
+                    environment=None if environment is None else dict(environment),
+                )
+            )
+        for key in (found.id, *found.tags):
+            if key in self.outputs:
+                return self.outputs[key]
+        return RunResult(
+            exit_code=127, stdout="", stderr=f"nothing scripted for {image}", timed_out=False,
+            seconds=0.0,
+        )  # fmt: skip
+
+    def remove_leftovers(self) -> int:
+        return 0  # the double leaves no containers behind
+
+    def bridge_gateway(self, *, network: bool = True) -> str:
+        return self.gateway
+
+    def remove_run_containers(self, run: str) -> int:
+        return 0
