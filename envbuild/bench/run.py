@@ -13,23 +13,26 @@ import hashlib
 import json
 import os
 import platform
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from envbuild.core import labels as label_keys
-from envbuild.core.errors import BadInput, SmokeFailed
-from envbuild.core.resources import payload_harness_path
+from envbuild.core.errors import BadInput
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine
 from envbuild.payload import bench_harness
-from envbuild.smoke.runner import PAYLOAD_DIR, docker_run_flags
+from envbuild.smoke.runner import (
+    docker_run_flags,
+    image_framework,
+    local_image,
+    run_payload,
+    wants_gpus,
+)
 
 SCHEMA = "envbuild-bench"
 SCHEMA_VERSION = 1
-FRAMEWORKS = ("torch", "tensorflow", "jax")
 DEFAULT_BUDGET_S = bench_harness.DEFAULT_BUDGET_S
 MIN_BUDGET_S = bench_harness.MIN_BUDGET_S
 MAX_BUDGET_S = 3600.0
@@ -81,92 +84,27 @@ class BenchRun:
         }
 
 
-def bench_files(framework: str, *, image: str) -> tuple[str, dict[str, bytes]]:
-    """The bench script to run and the files copied beside it: the two harnesses and the
-    framework's smoke payload, which the bench payload may reuse."""
-    folder = payload_harness_path().parent
-    script = folder / f"{framework}_bench.py"
-    if framework not in FRAMEWORKS or not script.is_file():
-        msg = (
-            f"image {image}: envbuild has no bench payload for framework {framework!r} "
-            f"(it benches {', '.join(FRAMEWORKS)})"
-        )
-        raise BadInput(msg)
-    names = (script.name, "bench_harness.py", "smoke_harness.py", f"{framework}_smoke.py")
-    files = {}
-    for name in names:
-        path = folder / name
-        if not path.is_file():
-            msg = f"envbuild's bench payload {path} is missing; reinstall envbuild"
-            raise SmokeFailed(msg)
-        files[f"{PAYLOAD_DIR}/{name}"] = path.read_bytes()
-    return f"{PAYLOAD_DIR}/{script.name}", files
-
-
-def _report_of(stdout: str) -> dict[str, Any] | None:
-    """The payload's one JSON document (the last line starting a JSON object, or all of it)."""
-    text = stdout.strip()
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if isinstance(value, dict):
-        return value
-    start = text.rfind("\n{")
-    if start >= 0:
-        try:
-            value = json.loads(text[start + 1 :])
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
-    return None
-
-
 def bench_image(
     engine: Engine, ref: str, *, gpus: str = "auto", budget_s: float = DEFAULT_BUDGET_S
 ) -> BenchRun:
     """Run the bench payload in a fresh container of `ref` (its declared run options, GPUs as
     asked) within `budget_s`; the payload's document, or the reason there is none."""
-    if gpus not in ("auto", "all", "none"):
-        msg = f"--gpus {gpus}: choose one of auto, all, none"
-        raise BadInput(msg)
-    image = engine.image(ref)
-    if image is None:
-        msg = f"image {ref} is not in the local engine; build it (`envbuild build`) or pull it"
-        raise BadInput(msg)
-    framework = image.labels.get(label_keys.FRAMEWORK)
-    if framework is None:
-        msg = (
-            f"image {ref} has no {label_keys.FRAMEWORK} label: bench runs in images envbuild "
-            "built (torch, tensorflow, jax); build one with `envbuild build`"
-        )
-        raise BadInput(msg)
-    target, files = bench_files(framework, image=ref)
-    use_gpus = gpus == "all" or (gpus == "auto" and engine.has_nvidia_runtime())
-    limit = budget_s + bench_harness.MARGIN_S + _START_S
-    command = ["timeout", "-k", "10", str(int(limit)), "python3", target]
-    start = time.monotonic()
-    result = engine.run(
+    use_gpus = wants_gpus(engine, gpus)
+    image = local_image(engine, ref)
+    framework = image_framework(image, ref, kind="bench")
+    run = run_payload(
+        engine,
+        image,
         ref,
-        command,
-        timeout=limit + 30,
-        files=files,
+        f"{framework}_bench.py",
         gpus=use_gpus,
-        shm_size=image.labels.get(label_keys.RUN_SHM_SIZE) or None,
+        timeout_s=budget_s + bench_harness.MARGIN_S + _START_S,
         environment={"ENVBUILD_BENCH_BUDGET_S": f"{budget_s:g}"},
     )
-    seconds = time.monotonic() - start
-    report = _report_of(result.stdout)
+    report = run.report
     errors: list[str] = []
     if report is None:
-        why = (
-            "timed out"
-            if result.timed_out or result.exit_code == 124
-            else f"exited {result.exit_code}"
-        )
-        errors.append(
-            f"the bench payload {why} without a report; stderr: {result.stderr.strip()[-400:]}"
-        )
+        errors.append(run.missing("the bench payload"))
         report = {}
     elif report.get("bench_version") != bench_harness.BENCH_VERSION:
         errors.append(
@@ -186,12 +124,12 @@ def bench_image(
         cuda=image.labels.get(label_keys.CUDA),
         python=image.labels.get(label_keys.PYTHON),
         gpus=use_gpus,
-        seconds=seconds,
-        exit_code=-1 if result.exit_code is None else result.exit_code,
+        seconds=run.seconds,
+        exit_code=-1 if run.result.exit_code is None else run.result.exit_code,
         errors=tuple(errors),
         skipped=skipped,
         bench=report,
-        stderr_tail=result.stderr.strip()[-2000:],
+        stderr_tail=run.result.stderr.strip()[-2000:],
     )
 
 

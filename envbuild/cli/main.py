@@ -426,13 +426,15 @@ def smoke(image: str, as_json: bool, gpus: str, timeout: int, fleet_gpus: tuple[
     from envbuild.engine.interface import connect
     from envbuild.knowledge.load import load_knowledge
     from envbuild.report.documents import smoke_lines
-    from envbuild.smoke.runner import fleet_refusal, smoke_image
+    from envbuild.smoke.static import fleet_refusal
+    from envbuild.smoke.vet import smoke_image
 
-    fleet = fleet_from(load_knowledge(), None, fleet_gpus)  # a bad --gpu fails before any work
+    knowledge = load_knowledge()
+    fleet = fleet_from(knowledge, None, fleet_gpus)  # a bad --gpu fails before any work
     store = ResultStore.default()  # an unusable record fails before minutes of work
     engine = connect()
     engine.remove_leftovers()
-    result = smoke_image(engine, image, gpus=gpus, timeout=timeout)
+    result = smoke_image(engine, image, knowledge=knowledge, gpus=gpus, timeout=timeout)
     store.record_smoke(result)  # publish trusts only recorded results
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))

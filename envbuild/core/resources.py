@@ -25,11 +25,6 @@ def matrices_dir() -> Path:
     return data_dir("matrices")
 
 
-def payload_path(framework: str) -> Path:
-    """The smoke payload script for a framework."""
-    return _PACKAGE / "payload" / f"{framework}_smoke.py"
-
-
-def payload_harness_path() -> Path:
-    """The stdlib-only harness every smoke payload imports from its own folder."""
-    return _PACKAGE / "payload" / "smoke_harness.py"
+def payload_dir() -> Path:
+    """The folder of the payloads: the scripts that run inside containers, and their harnesses."""
+    return _PACKAGE / "payload"

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.build.entry import build_entry, prepare, probe_entry_base
@@ -32,7 +32,8 @@ from envbuild.engine.interface import Engine
 from envbuild.engine.interface import connect as connect_engine
 from envbuild.publish.verify import entry_target, published_already
 from envbuild.registry import RegistryClient
-from envbuild.smoke.runner import fleet_refusal, smoke_image
+from envbuild.smoke.static import fleet_refusal
+from envbuild.smoke.vet import smoke_image
 
 log = logging.getLogger(__name__)
 
@@ -136,29 +137,74 @@ def run_entries(
     todo = [c for c in contexts if c.entry.id not in done]
     if run.jobs > 1 and not run.no_cache:
         build_shared_stages(engine, todo, on_event, options.proxy)
-    stop = threading.Event()
-    local = threading.local()
+    work = _Work(knowledge=knowledge, options=options, run=run, store=store, on_event=on_event)
+    return work.entries(contexts, done, connect)
 
-    def thread_engine() -> Engine:
-        if not hasattr(local, "engine"):
-            local.engine = connect()  # one client per thread: docker-py sessions are not shared
-        return local.engine  # type: ignore[no-any-return]
 
-    def one(context: BuildContext) -> EntryResult:
-        entry = context.entry
-        if entry.id in done:
-            return EntryResult(
-                entry=entry, image=None, smoke=None, error=None, published=done[entry.id]
-            )
+@dataclass(kw_only=True)
+class _Work:
+    """What every entry of a run is built and smoke-tested with, and the run's stop signal."""
+
+    knowledge: Knowledge
+    options: BuildOptions
+    run: RunOptions
+    store: ResultStore
+    on_event: Callable[[Event], None]
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def entries(
+        self, contexts: list[BuildContext], done: dict[str, str], connect: Callable[[], Engine]
+    ) -> list[EntryResult]:
+        """Each context built and smoke-tested, `run.jobs` at a time, each thread with its own
+        engine client (docker-py sessions are not shared); `done` are published already."""
+        local = threading.local()
+
+        def thread_engine() -> Engine:
+            if not hasattr(local, "engine"):
+                local.engine = connect()
+            return local.engine  # type: ignore[no-any-return]
+
+        def one(context: BuildContext) -> EntryResult:
+            entry = context.entry
+            if entry.id in done:
+                return EntryResult(
+                    entry=entry, image=None, smoke=None, error=None, published=done[entry.id]
+                )
+            return self.entry(thread_engine, context)
+
+        pool = ThreadPoolExecutor(max_workers=max(1, self.run.jobs), thread_name_prefix="envbuild")
+        try:
+            results = list(pool.map(one, contexts))
+        except KeyboardInterrupt:
+            # Workers may be blocked on the engine: schedule nothing more, remove what this run
+            # made from here, and let the CLI exit without waiting for them.
+            self.stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            abandon_run(connect)
+            raise
+        pool.shutdown()
+        return results
+
+    def entry(self, engine: Callable[[], Engine], context: BuildContext) -> EntryResult:
+        """One entry built and smoke-tested (or skipped after an earlier failure), with its time."""
+        entry, on_event = context.entry, self.on_event
         start = time.monotonic()
-        if stop.is_set():
+        if self.stop.is_set():
             on_event(Event(entry_id=entry.id, state="skipped", detail="an earlier entry failed"))
             return EntryResult(
                 entry=entry, image=None, smoke=None,
                 error="not built: an earlier entry failed (use --keep-going to build the rest)",
             )  # fmt: skip
         try:
-            result = _build_and_smoke(thread_engine(), context, run, store, on_event, options.proxy)
+            result = _build_and_smoke(
+                engine(),
+                context,
+                self.knowledge,
+                self.run,
+                self.store,
+                on_event,
+                self.options.proxy,
+            )
         except EnvbuildError as exc:
             result = EntryResult(entry=entry, image=None, smoke=None, error=exc.message)
         result = dataclasses.replace(result, seconds=time.monotonic() - start)
@@ -167,22 +213,9 @@ def run_entries(
         else:
             reason = result.failure_reason if result.smoke or result.error else "failed"
             on_event(Event(entry_id=entry.id, state="failed", detail=reason))
-            if not run.keep_going:
-                stop.set()
+            if not self.run.keep_going:
+                self.stop.set()
         return result
-
-    pool = ThreadPoolExecutor(max_workers=max(1, run.jobs), thread_name_prefix="envbuild")
-    try:
-        results = list(pool.map(one, contexts))
-    except KeyboardInterrupt:
-        # Workers may be blocked on the engine: schedule nothing more, remove what this run
-        # made from here, and let the CLI exit without waiting for them.
-        stop.set()
-        pool.shutdown(wait=False, cancel_futures=True)
-        abandon_run(connect)
-        raise
-    pool.shutdown()
-    return results
 
 
 def published_entries(
@@ -219,6 +252,7 @@ def abandon_run(connect: Callable[[], Engine]) -> None:
 def _build_and_smoke(
     engine: Engine,
     context: BuildContext,
+    knowledge: Knowledge,
     run: RunOptions,
     store: ResultStore,
     on_event: Callable[[Event], None],
@@ -248,7 +282,7 @@ def _build_and_smoke(
         smoke = SmokeResult.from_report(record.report, image=entry.image, image_id=built.id)
     else:
         on_event(Event(entry_id=entry.id, state="smoke"))
-        smoke = smoke_image(engine, built.id, gpus=run.gpus)
+        smoke = smoke_image(engine, built.id, knowledge=knowledge, gpus=run.gpus)
         smoke = dataclasses.replace(smoke, image=entry.image)  # the entry's tag, not the image id
         store.record_smoke(smoke)
     found = engine.image(built.id) if run.fleet and smoke.passed else None

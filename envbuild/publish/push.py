@@ -20,7 +20,7 @@ from envbuild.publish.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from envbuild.publish.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
 from envbuild.publish.verify import Target, held_digest, target
 from envbuild.registry import RegistryClient
-from envbuild.smoke.runner import fleet_refusal
+from envbuild.smoke.static import fleet_refusal
 
 PACKAGES_SCRIPT = (
     "echo '# pip freeze'; (python3 -m pip freeze --all 2>/dev/null || true); "

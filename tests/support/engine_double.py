@@ -8,6 +8,7 @@ anything about Docker itself; the integration tier proves the real `DockerEngine
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -170,7 +171,10 @@ class InMemoryEngine:
         if tag is not None and tag in self.failing_builds:
             on_line(f"ERROR: {self.failing_builds[tag]}")
             raise BuildFailed(self.failing_builds[tag])
-        image_id = self.add_image(f"build {number}\n{dockerfile}", labels=labels)
+        # The image carries its Dockerfile's LABELs and the build's, as a real engine's does.
+        image_id = self.add_image(
+            f"build {number}\n{dockerfile}", labels={**dockerfile_labels(dockerfile), **labels}
+        )
         if tag is not None:
             self.tag(image_id, tag)
         return image_id
@@ -244,3 +248,21 @@ class InMemoryEngine:
 
     def remove_run_containers(self, run: str) -> int:
         return 0
+
+
+_LABEL_PAIR = re.compile(r'([A-Za-z0-9._-]+)="((?:[^"\\]|\\.)*)"')
+
+
+def dockerfile_labels(dockerfile: str) -> dict[str, str]:
+    """The `key="value"` pairs of a Dockerfile's LABEL instructions (continuations included),
+    the last one of each key winning, as the engine gives them to the image."""
+    found: dict[str, str] = {}
+    instruction = ""
+    for line in dockerfile.splitlines():
+        instruction += line.rstrip("\\") + " "
+        if line.endswith("\\"):
+            continue
+        if instruction.startswith("LABEL "):
+            found.update(_LABEL_PAIR.findall(instruction))
+        instruction = ""
+    return found

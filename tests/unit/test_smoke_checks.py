@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from envbuild.smoke.runner import check_report
+from envbuild.smoke.checks import check_report
 
 LABELS = {
     "org.envbuild.framework": "torch",
@@ -125,8 +125,9 @@ def test_a_bare_major_label_is_met_by_any_minor() -> None:
 def test_the_smoke_test_runs_with_the_options_the_image_declares_and_prints_them() -> None:
     from envbuild.core import labels as label_keys
     from envbuild.engine.interface import RunResult
+    from envbuild.knowledge.load import load_knowledge
     from envbuild.report.documents import smoke_lines
-    from envbuild.smoke.runner import smoke_image
+    from envbuild.smoke.vet import smoke_image
     from tests.support.engine_double import InMemoryEngine
 
     cpu = {**LABELS, "org.envbuild.cuda": "cpu", "org.envbuild.cudnn": "", "org.envbuild.nccl": ""}
@@ -139,8 +140,9 @@ def test_the_smoke_test_runs_with_the_options_the_image_declares_and_prints_them
     for tag, extra in (("t/declares:1", {label_keys.RUN_SHM_SIZE: "1g"}), ("t/plain:1", {})):
         double.add_image(tag, tags=(tag,), labels={**cpu, **extra})
         double.outputs[tag] = printed
-    declares = smoke_image(double, "t/declares:1", gpus="none")
-    plain = smoke_image(double, "t/plain:1", gpus="none")
+    knowledge = load_knowledge()
+    declares = smoke_image(double, "t/declares:1", knowledge=knowledge, gpus="none")
+    plain = smoke_image(double, "t/plain:1", knowledge=knowledge, gpus="none")
     assert [run.shm_size for run in double.runs] == ["1g", None]  # None: Docker's 64 MB
     assert declares.passed, declares.checks
     assert declares.payload["run_with"] == "--shm-size=1g"

@@ -22,9 +22,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envbuild.core.resources import payload_harness_path
+from envbuild.core.resources import payload_dir
 from envbuild.payload import smoke_harness as harness
-from envbuild.smoke.runner import PAYLOAD_DIR, check_report, payload_files
+from envbuild.smoke.checks import check_report
+from envbuild.smoke.runner import PAYLOAD_DIR, payload_files
 
 # A hang guard for every subprocess: a harness that fails to end its run fails the test.
 HANG_GUARD_S = 120
@@ -420,7 +421,7 @@ def run_payload(
 def fake_payload(tmp_path: Path) -> Path:
     folder = tmp_path / "envbuild-smoke"
     folder.mkdir()
-    (folder / "smoke_harness.py").write_bytes(payload_harness_path().read_bytes())
+    (folder / "smoke_harness.py").write_bytes((payload_dir() / "smoke_harness.py").read_bytes())
     script = folder / "fake_smoke.py"
     script.write_text(textwrap.dedent(FAKE_PAYLOAD))
     return script
@@ -464,7 +465,7 @@ def test_a_bug_outside_the_sections_still_ends_in_a_report(fake_payload: Path) -
 def test_the_injected_files_run_together(tmp_path: Path, framework: str) -> None:
     # Lay the files out exactly as smoke_image copies them into the container; the framework
     # itself is shadowed by a module that fails to import, so the host needs none of them.
-    target, files = payload_files(framework, image="envbuild-test/x:1")
+    target, files = payload_files(f"{framework}_smoke.py")
     assert {Path(path).parent for path in files} == {Path(PAYLOAD_DIR)}
     assert Path(target).name == f"{framework}_smoke.py"
     root = tmp_path / "container"

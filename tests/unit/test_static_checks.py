@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from envbuild.cli.main import main
 from envbuild.core.models import Gpu, Knowledge
-from envbuild.smoke.runner import check_static, fleet_refusal
+from envbuild.smoke.static import check_static, fleet_refusal
 from tests.unit import test_smoke_checks as smoke_checks
 
 LABELS = {**smoke_checks.LABELS, "org.envbuild.os": "bookworm"}  # the torch 2.4.1 cu121 image
