@@ -2,7 +2,7 @@
 
 Each rule is a pure function over the document, like compat's rules: it returns Advice whose
 `figures` are (JSON pointer, value) pairs present in the document, and whose text prints those
-values as bench_figures.fmt does, so that a reader can find every number in the JSON.
+values as `cited_text` does, so that a reader can find every number in the JSON.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ class Advice:
             "topic": self.topic,
             "text": self.text,
             "figures": [
-                {"path": path, "value": value, "shown": shown(path, value)}
+                {"path": path, "value": value, "shown": cited_text(path, value)}
                 for path, value in self.figures
             ],
         }
 
 
-def shown(path: str, value: float) -> str:
+def cited_text(path: str, value: float) -> str:
     """How an advice line prints a cited figure: bytes in GB, everything else as fmt does."""
     return _gb(value) if path.endswith("_bytes") else fmt(value)
 
@@ -75,8 +75,7 @@ def _gb(value: float) -> str:
     return f"{fmt(value / 1e9)} GB"
 
 
-# --------------------------------------------------------------------------
-# the rules, per image
+# The rules about one image: each takes the document and the image's index.
 
 
 def precision_advice(doc: dict[str, Any], index: int) -> list[Advice]:
@@ -311,8 +310,7 @@ PER_IMAGE: tuple[Callable[[dict[str, Any], int], list[Advice]], ...] = (
 )
 
 
-# --------------------------------------------------------------------------
-# side by side
+# The rules about the images side by side.
 
 
 def framework_advice(doc: dict[str, Any]) -> list[Advice]:

@@ -4,12 +4,15 @@ comparisons read, so that each of them names figures the same way and cites wher
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 # Bounds on what is read from a document (a --compare file is hostile input).
 MAX_IMAGES = 32
 MAX_ITEMS = 64
+# Numbers beyond this are not figures of any bench (1e18 bytes is an exabyte): read as missing.
+MAX_MAGNITUDE = 1e18
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,11 +45,15 @@ def pointer(doc: Any, path: str) -> Any:
 
 
 def number(value: Any) -> float | None:
-    """A finite float from a document value, else None (bools and strings are not figures)."""
+    """A figure from a document value: a finite int or float within MAX_MAGNITUDE, else None."""
+    # Python counts a bool as an int, but `true` in a document is no figure.
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    # Before float(): an int of 400 digits would overflow it.
+    if isinstance(value, int) and abs(value) > MAX_MAGNITUDE:
+        return None
+    figure = float(value)
+    return figure if math.isfinite(figure) and abs(figure) <= MAX_MAGNITUDE else None
 
 
 def image_runs(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,24 +111,35 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
     run = images[index]
     if not isinstance(run, dict):
         return []
-    root = f"/images/{index}/bench"
     found: list[Figure | None] = []
-    for i, item in dict_items(bench_part(run, "throughput"), "results"):
+    for name, read in _PART_FIGURES:
+        found += read(bench_part(run, name), f"/images/{index}/bench/{name}")
+    return [f for f in found if f is not None]
+
+
+def _throughput_figures(part: dict[str, Any], base: str) -> list[Figure | None]:
+    found = []
+    for i, item in dict_items(part, "results"):
         model, precision = str(item.get("model")), str(item.get("precision"))
         found.append(
             _figure(
-                item, f"{root}/throughput/results/{i}",
+                item, f"{base}/results/{i}",
                 key=f"throughput {model} {precision}", label=f"{model} {precision}",
             )
         )  # fmt: skip
-    for i, item in dict_items(bench_part(run, "compile"), "results"):
+    return found
+
+
+def _compile_figures(part: dict[str, Any], base: str) -> list[Figure | None]:
+    found: list[Figure | None] = []
+    for i, item in dict_items(part, "results"):
         model = str(item.get("model"))
         for side in ("eager", "compiled"):
             inner = item.get(side)
             if isinstance(inner, dict):
                 found.append(
                     _figure(
-                        inner, f"{root}/compile/results/{i}/{side}",
+                        inner, f"{base}/results/{i}/{side}",
                         key=f"compile {model} {side}", label=f"{model} {side}",
                     )
                 )  # fmt: skip
@@ -131,17 +149,23 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
                 Figure(
                     key=f"compile {model} compile seconds", label=f"{model} compiling",
                     unit="s", median=seconds, spread=None,
-                    path=f"{root}/compile/results/{i}/compile_seconds", higher_is_better=False,
+                    path=f"{base}/results/{i}/compile_seconds", higher_is_better=False,
                 )
             )  # fmt: skip
-    for i, sweep in dict_items(bench_part(run, "batch"), "sweeps"):
+    return found
+
+
+def _batch_figures(part: dict[str, Any], base: str) -> list[Figure | None]:
+    """Per sweep: its best point, and the largest batch it ran."""
+    found: list[Figure | None] = []
+    for i, sweep in dict_items(part, "sweeps"):
         model, precision = str(sweep.get("model")), str(sweep.get("precision"))
         best = best_point(sweep)
         if best is not None:
             j, point = best
             found.append(
                 _figure(
-                    point, f"{root}/batch/sweeps/{i}/points/{j}",
+                    point, f"{base}/sweeps/{i}/points/{j}",
                     key=f"batch {model} {precision} best", label=f"{model} {precision} best (batch {point.get('batch')})",
                 )
             )  # fmt: skip
@@ -151,33 +175,53 @@ def image_figures(doc: dict[str, Any], index: int) -> list[Figure]:
                 Figure(
                     key=f"batch {model} {precision} largest", label=f"{model} {precision} largest batch",
                     unit="samples", median=largest, spread=None,
-                    path=f"{root}/batch/sweeps/{i}/largest_fit",
+                    path=f"{base}/sweeps/{i}/largest_fit",
                 )
             )  # fmt: skip
-    loader = bench_part(run, "loader")
-    step = loader.get("step")
+    return found
+
+
+def _loader_figures(part: dict[str, Any], base: str) -> list[Figure | None]:
+    found = []
+    step = part.get("step")
     if isinstance(step, dict):
-        found.append(_figure(step, f"{root}/loader/step", key="loader step", label="step consumes"))
-    for i, point in dict_items(loader, "points"):
+        found.append(_figure(step, f"{base}/step", key="loader step", label="step consumes"))
+    for i, point in dict_items(part, "points"):
         workers = point.get("workers")
         found.append(
             _figure(
-                point, f"{root}/loader/points/{i}",
+                point, f"{base}/points/{i}",
                 key=f"loader {workers} workers", label=f"loader, {workers} workers",
             )
         )  # fmt: skip
-    for i, point in dict_items(bench_part(run, "allreduce"), "points"):
+    return found
+
+
+def _allreduce_figures(part: dict[str, Any], base: str) -> list[Figure | None]:
+    """The bus bandwidth per message size (keyed by bytes, which stay the same across runs)."""
+    found = []
+    for i, point in dict_items(part, "points"):
         size = number(point.get("bytes"))
         busbw = point.get("busbw")
         if size is None or not isinstance(busbw, dict):
             continue
         found.append(
             _figure(
-                busbw, f"{root}/allreduce/points/{i}/busbw",
+                busbw, f"{base}/points/{i}/busbw",
                 key=f"allreduce busbw {int(size)}", label=f"busbw {size_text(size)}",
             )
         )  # fmt: skip
-    return [f for f in found if f is not None]
+    return found
+
+
+# Each part of an image's document and how its figures are read, in the order tables show them.
+_PART_FIGURES: tuple[tuple[str, Callable[[dict[str, Any], str], list[Figure | None]]], ...] = (
+    ("throughput", _throughput_figures),
+    ("compile", _compile_figures),
+    ("batch", _batch_figures),
+    ("loader", _loader_figures),
+    ("allreduce", _allreduce_figures),
+)
 
 
 def best_point(sweep: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
@@ -209,71 +253,6 @@ def fmt(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:.0f}"
     return f"{value:.3g}"
-
-
-# --------------------------------------------------------------------------
-# comparing two runs
-
-# A figure without a measured spread (compile seconds, the largest batch) is a regression when
-# it is worse by more than this; a measured one when it is worse by more than both spreads.
-FLAT_TOLERANCE = 0.10
-MIN_TOLERANCE = 0.02
-
-
-def _list_of(value: Any) -> list[Any]:
-    return value[:MAX_IMAGES] if isinstance(value, list) else []
-
-
-def _match(run: dict[str, Any], previous: list[dict[str, Any]]) -> int | None:
-    """The index of the previous run of the same image: same reference, else same image id."""
-    for key in ("image", "image_id"):
-        for i, old in enumerate(previous[:MAX_IMAGES]):
-            if isinstance(old, dict) and old.get(key) and old.get(key) == run.get(key):
-                return i
-    return None
-
-
-def compare_documents(
-    doc: dict[str, Any], previous: dict[str, Any], *, against: str
-) -> dict[str, Any]:
-    """Each figure of ``doc`` beside the same figure in ``previous`` (same image, same key): the
-    change, and whether it is a regression beyond the measured spreads."""
-    rows: list[dict[str, Any]] = []
-    unmatched: list[str] = []
-    images = _list_of(doc.get("images"))
-    old_images = _list_of(previous.get("images"))
-    for index, run in enumerate(images[:MAX_IMAGES]):
-        if not isinstance(run, dict):
-            continue
-        old_index = _match(run, old_images)
-        if old_index is None:
-            unmatched.append(str(run.get("image")))
-            continue
-        old = {f.key: f for f in image_figures(previous, old_index)}
-        for figure in image_figures(doc, index):
-            before = old.get(figure.key)
-            if before is None or before.median == 0:
-                continue
-            change = figure.median / before.median - 1.0
-            worse = -change if figure.higher_is_better else change
-            if figure.spread is None or before.spread is None:
-                tolerance = FLAT_TOLERANCE
-            else:
-                tolerance = max(MIN_TOLERANCE, figure.spread + before.spread)
-            rows.append(
-                {
-                    "image": run.get("image"),
-                    "figure": figure.key,
-                    "unit": figure.unit,
-                    "before": before.median,
-                    "after": figure.median,
-                    "change": change,
-                    "spread": tolerance,
-                    "regression": worse > tolerance,
-                    "rebuilt": old_images[old_index].get("image_id") != run.get("image_id"),
-                }
-            )
-    return {"against": against, "rows": rows, "unmatched": unmatched}
 
 
 def display_name(key: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envbuild.bench.figures import Figure, display_name, fmt, image_figures
+from envbuild.bench.figures import Figure, display_name, fmt, image_figures, number
 from envbuild.bench.figures import image_runs as _images
 
 _UNITS = {"samples/s": "samples/s", "batches/s": "batches/s", "GB/s": "GB/s", "s": "s"}
@@ -43,8 +43,8 @@ def image_lines(doc: dict[str, Any], index: int) -> list[str]:
     """One image's figures: median and spread, then what it skipped and its errors."""
     run = _images(doc)[index]
     image_id = str(run.get("image_id") or "")[:19]
-    seconds = run.get("seconds")
-    took = f", {seconds:.0f} s" if isinstance(seconds, int | float) else ""
+    seconds = number(run.get("seconds"))
+    took = f", {seconds:.0f} s" if seconds is not None else ""
     lines = [f"bench of {run.get('image')} ({image_id}{took})"]
     figures = image_figures(doc, index)
     if figures:
@@ -110,9 +110,9 @@ def comparison_lines(doc: dict[str, Any]) -> list[str]:
             [
                 short_name({"image": row.get("image")}),
                 display_name(str(row.get("figure"))),
-                fmt(float(row.get("before") or 0)),
-                fmt(float(row.get("after") or 0)),
-                f"{float(row.get('change') or 0):+.1%}",
+                fmt(number(row.get("before")) or 0.0),
+                fmt(number(row.get("after")) or 0.0),
+                f"{number(row.get('change')) or 0.0:+.1%}",
                 flag,
             ]
         )

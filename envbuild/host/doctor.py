@@ -1,11 +1,8 @@
-"""Host checks: the engine, NVIDIA driver and GPUs, shared memory, disk; and what this host can run."""
+"""`envbuild doctor`'s report: the engine, NVIDIA driver and GPUs, shared memory and disk (the
+probes), and which images of a matrix this host can run."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +11,7 @@ from envbuild.core.errors import EngineUnavailable
 from envbuild.core.models import CPU, Fleet, Gpu, Knowledge, Selection
 from envbuild.core.versions import version_sort_key
 from envbuild.engine.interface import connect
+from envbuild.host.probes import GpuProbe, bytes_free, probe_gpus, shm_bytes
 from envbuild.plan.compat import entry_id
 from envbuild.plan.gpus import find_gpu
 from envbuild.plan.matrix import make_plan
@@ -21,35 +19,6 @@ from envbuild.plan.matrix_file import Matrix
 
 MIN_GPU_MEMORY_GB = 8  # below this, training images are of little use (the guide's floor)
 CONTAINER_SHM = "1g"  # what `envbuild smoke` gives containers; Docker's default is 64 MB
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuInfo:
-    """One GPU as the driver reports it."""
-
-    index: int
-    name: str
-    memory_bytes: int | None  # None: the driver did not say (unified-memory parts report [N/A])
-    cc: str
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain mapping for JSON."""
-        return {
-            "index": self.index,
-            "name": self.name,
-            "memory_gb": None if self.memory_bytes is None else round(self.memory_bytes / 1e9, 1),
-            "compute_capability": self.cc,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuProbe:
-    """What the NVIDIA driver says, and through which probe."""
-
-    driver: str | None
-    gpus: tuple[GpuInfo, ...]
-    method: str | None  # "nvidia-smi", "nvml", or None
-    note: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,121 +56,6 @@ class HostReport:
         }
 
 
-def _smi() -> GpuProbe | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    fields = "index,name,memory.total,compute_cap,driver_version"
-    try:
-        result = subprocess.run(
-            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return GpuProbe(driver=None, gpus=(), method="nvidia-smi", note=f"nvidia-smi failed: {exc}")
-    if result.returncode != 0:
-        note = (result.stderr or result.stdout).strip().splitlines()
-        return GpuProbe(
-            driver=None,
-            gpus=(),
-            method="nvidia-smi",
-            note=f"nvidia-smi: {note[0] if note else result.returncode}",
-        )
-    gpus, driver, skipped = parse_smi(result.stdout)
-    said = f"{len(gpus)} GPU(s) via nvidia-smi"
-    if skipped:
-        said += f"; {skipped} line(s) of its output not understood"
-    return GpuProbe(driver=driver, gpus=gpus, method="nvidia-smi", note=said)
-
-
-def parse_smi(output: str) -> tuple[tuple[GpuInfo, ...], str | None, int]:
-    """nvidia-smi's `index, name, memory.total, compute_cap, driver_version` CSV lines: the GPUs,
-    the driver, and how many lines could not be read. A name may hold commas; a memory of
-    [N/A] (unified-memory parts) is None."""
-    gpus: list[GpuInfo] = []
-    driver, skipped = None, 0
-    for line in output.strip().splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) < 5 or not parts[0].isdigit():
-            skipped += 1
-            continue
-        index, name, (memory_mib, cc, version) = parts[0], ", ".join(parts[1:-3]), parts[-3:]
-        try:
-            memory = int(float(memory_mib) * 1024 * 1024)
-        except ValueError:
-            memory = None
-        driver = version or driver
-        gpus.append(GpuInfo(index=int(index), name=name, memory_bytes=memory, cc=cc))
-    return tuple(gpus), driver, skipped
-
-
-class _Memory(ctypes.Structure):
-    _fields_ = [
-        ("total", ctypes.c_ulonglong),
-        ("free", ctypes.c_ulonglong),
-        ("used", ctypes.c_ulonglong),
-    ]
-
-
-def _nvml() -> GpuProbe | None:
-    try:
-        lib = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if lib.nvmlInit_v2() != 0:
-        return GpuProbe(
-            driver=None, gpus=(), method="nvml", note="NVML is installed but nvmlInit failed"
-        )
-    try:
-        buffer = ctypes.create_string_buffer(96)
-        lib.nvmlSystemGetDriverVersion(buffer, 96)
-        count = ctypes.c_uint(0)
-        lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
-        gpus = []
-        for index in range(count.value):
-            handle = ctypes.c_void_p()
-            lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
-            name = ctypes.create_string_buffer(96)
-            lib.nvmlDeviceGetName(handle, name, 96)
-            memory = _Memory()
-            lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
-            major, minor = ctypes.c_int(0), ctypes.c_int(0)
-            lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor))
-            gpus.append(
-                GpuInfo(
-                    index=index,
-                    name=name.value.decode(errors="replace"),
-                    memory_bytes=int(memory.total),
-                    cc=f"{major.value}.{minor.value}",
-                )
-            )
-        return GpuProbe(
-            driver=buffer.value.decode(errors="replace"),
-            gpus=tuple(gpus),
-            method="nvml",
-            note=f"{len(gpus)} GPU(s) via NVML",
-        )
-    finally:
-        lib.nvmlShutdown()
-
-
-def probe_gpus() -> GpuProbe:
-    """Ask the NVIDIA driver for its version and GPUs: nvidia-smi first, then NVML directly."""
-    for probe in (_smi, _nvml):
-        found = probe()
-        if found is not None and found.gpus:
-            return found
-    return GpuProbe(
-        driver=None,
-        gpus=(),
-        method=None,
-        note="no NVIDIA GPU found (no nvidia-smi on PATH and libnvidia-ml.so.1 not loadable, or no devices)",
-    )
-
-
 def newest_cuda(knowledge: Knowledge, driver: str | None) -> dict[str, str | None]:
     """The newest CUDA a driver fully supports, and the newest family it runs by minor-version compatibility."""
     if driver is None:
@@ -213,22 +67,6 @@ def newest_cuda(knowledge: Knowledge, driver: str | None) -> dict[str, str | Non
         "full": max(full, key=version_sort_key) if full else None,
         "minor_version_compatible": f"{max(families, key=int)}.x" if families else None,
     }
-
-
-def _bytes_free(path: str) -> int | None:
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize
-
-
-def _shm() -> int | None:
-    try:
-        stat = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return stat.f_blocks * stat.f_frsize
 
 
 def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> HostReport:
@@ -284,8 +122,8 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
     return HostReport(
         engine=engine_report,
         gpu=gpu,
-        shm_bytes=_shm(),
-        disk_free_bytes=_bytes_free(disk_path),
+        shm_bytes=shm_bytes(),
+        disk_free_bytes=bytes_free(disk_path),
         disk_path=disk_path,
         newest_cuda=newest_cuda(knowledge, gpu.driver),
         runnable=tuple(runnable),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.bench.advice import shown
+from envbuild.bench.advice import cited_text
 from envbuild.bench.figures import pointer
 from tests.support.browser_support import open_report
 from tests.support.docker_support import CpuMatrix, envbuild
@@ -70,7 +70,7 @@ def test_three_frameworks_side_by_side_with_json_html_advice_and_history(
     for advice in doc["advice"]:
         for cited in advice["figures"]:
             assert pointer(doc, cited["path"]) == cited["value"]
-            assert cited["shown"] == shown(cited["path"], cited["value"])
+            assert cited["shown"] == cited_text(cited["path"], cited["value"])
             assert cited["shown"] in advice["text"]
     # The terminal: a table per image, then side by side, then the advice.
     assert "side by side (medians)" in result.stdout

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from envbuild.bench.html import render_html
+from envbuild.bench.html.page import render_html
 from tests.support.browser_support import Page, open_report
 from tests.unit.test_bench_html import HOSTILE_NAME, PLOT_IDS, bench_document
 

@@ -19,22 +19,16 @@ from click.testing import CliRunner
 from envbuild.bench.advice import (
     advise,
     batch_advice,
+    cited_text,
     compile_advice,
     framework_advice,
     loader_advice,
     precision_advice,
-    shown,
 )
-from envbuild.bench.figures import compare_documents, image_figures, pointer
-from envbuild.bench.run import (
-    BenchRun,
-    bench_document,
-    bench_image,
-    checked_document,
-    host_key,
-    load_document,
-    vetted_images,
-)
+from envbuild.bench.compare import compare_documents
+from envbuild.bench.document import bench_document, checked_document, load_document
+from envbuild.bench.figures import image_figures, pointer
+from envbuild.bench.run import BenchRun, bench_image, vetted_images
 from envbuild.bench.terminal import bench_lines
 from envbuild.cli.main import main
 from envbuild.core import labels as label_keys
@@ -42,6 +36,7 @@ from envbuild.core.errors import BadInput
 from envbuild.core.results import SmokeCheck, SmokeResult
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import RunResult
+from envbuild.host.probes import host_key
 from envbuild.payload import bench_harness
 from tests.support.engine_double import InMemoryEngine
 
@@ -167,7 +162,7 @@ def test_every_advice_line_cites_figures_present_in_the_document() -> None:
         assert advice["figures"], advice
         for cited in advice["figures"]:
             assert pointer(doc, cited["path"]) == cited["value"], advice
-            assert cited["shown"] == shown(cited["path"], cited["value"])
+            assert cited["shown"] == cited_text(cited["path"], cited["value"])
             assert cited["shown"] in advice["text"], advice
 
 

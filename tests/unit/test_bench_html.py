@@ -24,8 +24,10 @@ import pytest
 
 from envbuild.bench import figures as bench_figures
 from envbuild.bench.advice import advise
-from envbuild.bench.figures import compare_documents
-from envbuild.bench.html import CSP, MAX_IMAGES, MAX_ROWS, render_html
+from envbuild.bench.compare import compare_documents
+from envbuild.bench.figures import MAX_IMAGES
+from envbuild.bench.html.page import CSP, render_html
+from envbuild.bench.html.reading import MAX_ROWS
 from envbuild.payload import bench_harness as bench
 
 REPO = Path(__file__).resolve().parents[2]
@@ -355,7 +357,7 @@ def test_output_is_deterministic_across_processes() -> None:
     here = page_of(doc)
     assert page_of(copy.deepcopy(doc)) == here
     code = (
-        "import json, sys\nfrom envbuild.bench.html import render_html\n"
+        "import json, sys\nfrom envbuild.bench.html.page import render_html\n"
         "sys.stdout.write(render_html(json.loads(sys.stdin.read())))\n"
     )
     for hash_seed in ("1", "2"):
@@ -378,7 +380,7 @@ def test_rendering_leaves_matplotlib_settings_alone_and_is_not_imported_early() 
     before = dict(matplotlib.rcParams)
     page_of(bench_document(1))
     assert dict(matplotlib.rcParams) == before
-    code = "import sys, envbuild.bench.html\nprint('matplotlib' in sys.modules)"
+    code = "import sys, envbuild.bench.html.page\nprint('matplotlib' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )

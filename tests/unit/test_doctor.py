@@ -9,15 +9,9 @@ import json
 import pytest
 
 from envbuild.core.models import Knowledge
-from envbuild.host import doctor
-from envbuild.host.doctor import (
-    CONTAINER_SHM,
-    GpuInfo,
-    GpuProbe,
-    HostReport,
-    newest_cuda,
-    report_lines,
-)
+from envbuild.host import probes
+from envbuild.host.doctor import CONTAINER_SHM, HostReport, newest_cuda, report_lines
+from envbuild.host.probes import GpuInfo, GpuProbe
 
 GIB = 1024**3
 
@@ -153,7 +147,7 @@ def test_the_json_report_has_every_finding() -> None:
 def test_nvidia_smi_output_is_read_without_a_traceback(
     output: str, names: list[str], memory: list[int | None], skipped: int
 ) -> None:
-    gpus, driver, unread = doctor.parse_smi(output)
+    gpus, driver, unread = probes.parse_smi(output)
     assert [g.name for g in gpus] == names
     assert [g.memory_bytes for g in gpus] == memory
     assert unread == skipped

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 OWNED_LIBRARIES = {
     "docker": "engine/docker_engine.py",
     "jinja2": "build/render.py",
-    "matplotlib": "bench/html.py",
+    "matplotlib": "bench/html/plots.py",
 }
 # What runs inside containers: stdlib and the framework only, imported by bare name there.
 PAYLOAD = "payload"

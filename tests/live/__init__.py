@@ -1,1 +1,0 @@
-"""Tests against live public services (pypi.org); deselect with -m 'not live' when offline."""
