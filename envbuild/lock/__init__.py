@@ -5,3 +5,6 @@
 - `wheelhouse`: a folder of wheels, and the framework index it stands in for.
 - `planning`: each entry's lock state for plan and build, and the locks a build installs.
 """
+
+# Entries resolved at the same time, by default (`envbuild lock --jobs`, and a build's locks).
+MAX_JOBS = 8

@@ -30,6 +30,7 @@ from envbuild.core.atomic import write_atomically
 from envbuild.core.errors import BadInput
 from envbuild.core.models import BuildOptions, Entry, Knowledge, Lock
 from envbuild.core.names import public_url, shown
+from envbuild.core.places import lock_cache_dir
 from envbuild.lock.uv import MAX_LOCK_BYTES, platform_tag, resolve
 
 State = Literal["fresh", "stale", "missing", "unresolvable"]
@@ -63,17 +64,11 @@ def inputs_digest(inputs: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def cache_dir() -> Path:
-    """Where locks of builds without a matrix live ($XDG_CACHE_HOME/envbuild/locks)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "envbuild" / "locks"
-
-
 def lock_path(entry: Entry, matrix_path: Path | None, digest: str) -> Path:
     """`team.lock/<entry-id>.txt` beside a matrix; else the cache, named by the inputs digest."""
     if matrix_path is not None:
         return matrix_path.parent / f"{matrix_path.stem}.lock" / f"{entry.id}.txt"
-    return cache_dir() / f"{entry.id}-{digest.removeprefix('sha256:')[:16]}.txt"
+    return lock_cache_dir() / f"{entry.id}-{digest.removeprefix('sha256:')[:16]}.txt"
 
 
 def header(entry: Entry, inputs: dict[str, Any], digest: str) -> str:

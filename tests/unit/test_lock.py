@@ -19,7 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbuild.cli.lock import locks_for, plan_with_locks
+from envbuild.cli.lock import locks_for
 from envbuild.cli.main import main
 from envbuild.core.errors import BadInput
 from envbuild.core.models import BuildOptions, Entry, Install, Knowledge, Plan, Selection
@@ -34,6 +34,7 @@ from envbuild.lock.lockfile import (
     pins,
     update_lock,
 )
+from envbuild.lock.planning import plan_with_locks
 from envbuild.lock.uv import one_line_reason
 from envbuild.plan.matrix import load_matrix, make_plan
 
