@@ -25,7 +25,9 @@ from envbuild.cli.options import (
     fetch_options,
     fleet_from,
     fleet_option,
+    gpus_option,
     package_options,
+    picked,
     plan_from,
     proxy_option,
     reports_errors,
@@ -35,9 +37,8 @@ from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
 
 if TYPE_CHECKING:
-    from envbuild.core.models import Entry, Gpu
-    from envbuild.core.store import ResultStore
-    from envbuild.engine.interface import Engine
+    from collections.abc import Callable
+
     from envbuild.publish.push import Candidate, Published
 
 
@@ -78,8 +79,8 @@ def main(verbose: bool) -> None:
 @reports_errors
 def plan(driver: str | None, gpus: tuple[str, ...], explain: bool, fmt: str, **kwargs: Any) -> None:
     """Show what would be built, and what cannot be and why; and each entry's lock state."""
-    from envbuild.cli.lock import lock_summary, plan_locks_document, plan_with_locks
     from envbuild.knowledge.load import load_knowledge
+    from envbuild.lock.planning import lock_summary, plan_locks_document, plan_with_locks
     from envbuild.report.documents import plan_document, plan_table
 
     fleet = fleet_from(load_knowledge(), driver, gpus)
@@ -164,13 +165,7 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
 @fetch_options
 @locked_option
 @click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")
-@click.option(
-    "--gpus",
-    type=click.Choice(["auto", "all", "none"]),
-    default="auto",
-    show_default=True,
-    help="GPUs for the smoke test.",
-)
+@gpus_option("GPUs for the smoke test.")
 @click.option(
     "-j",
     "--jobs",
@@ -212,7 +207,7 @@ def build(
     from envbuild.cli.progress import ProgressView
     from envbuild.core.store import ResultStore
     from envbuild.pipeline.entries import RunOptions, run_entries
-    from envbuild.report.documents import append_step_summary, write_build_reports
+    from envbuild.pipeline.runs import push_passed, record_run
 
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     with trusting(options.ca_bundle):  # the registry of --push is checked against it too
@@ -224,81 +219,38 @@ def build(
         )  # fmt: skip
         with ProgressView([e.id for e in result.entries]) as view:
             results = run_entries(
-                knowledge,
-                result.entries,
-                options,
-                run,
-                store=ResultStore.default(),
+                knowledge, result.entries, options, run, store=ResultStore.default(),
                 on_event=view.event,
-                locks=lambda: locks_for(
-                    result.entries, options, matrix_path, knowledge, locked=locked
-                ),
-            )
+                locks=lambda: locks_for(result.entries, options, matrix_path, knowledge, locked=locked),
+            )  # fmt: skip
         click.echo("\n".join(view.summary(results)), err=True)
-        write_build_reports(results, json_file=report_file, junit_file=junit_file)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if summary:
-            try:
-                append_step_summary(Path(summary), results)
-            except OSError as exc:
-                click.echo(
-                    f"envbuild: cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}", err=True
-                )
-        if push_registry is not None:
-            if no_smoke:
-                click.echo(
-                    "envbuild: --push publishes only smoke-tested images; nothing pushed (--no-smoke)",
-                    err=True,
-                )
-            else:
-                fresh = [r.entry for r in results if r.passed and r.published is None]
-                if fresh:
-                    _publish_entries(fresh, push_registry, report_file=None)
+        for problem in record_run(
+            results, json_file=report_file, junit_file=junit_file,
+            step_summary=Path(summary) if summary else None,
+        ):  # fmt: skip
+            click.echo(f"envbuild: {problem}", err=True)
+        if push_registry is not None and no_smoke:
+            click.echo(
+                "envbuild: --push publishes only smoke-tested images; nothing pushed (--no-smoke)",
+                err=True,
+            )
+        elif push_registry is not None:
+            push_passed(results, push_registry, **_publish_lines(push_registry))
         if not all(r.passed for r in results):
             sys.exit(EXIT_FAILED)
 
 
-def _publish_entries(
-    entries: list[Entry], registry: str, *, report_file: Path | None, fleet: tuple[Gpu, ...] = ()
-) -> None:
-    from envbuild.core.store import ResultStore
-    from envbuild.engine.interface import connect
-    from envbuild.publish.push import entry_candidates
-
-    engine = connect()
-    store = ResultStore.default()
-    items = entry_candidates(engine, store, entries)
-    _publish_items(engine, store, items, registry, report_file, fleet)
-
-
-def _publish_items(
-    engine: Engine,
-    store: ResultStore,
-    items: list[Candidate],
-    registry: str,
-    report_file: Path | None,
-    fleet: tuple[Gpu, ...] = (),
-) -> None:
-    """Publish, showing each reference; the report lists what was published, even on failure."""
-    from envbuild.publish.push import publish_images
-    from envbuild.report.documents import write_json
-
-    published: list[dict[str, Any]] = []
+def _publish_lines(registry: str) -> dict[str, Callable[..., None]]:
+    """What publishing shows: each image as it starts (stderr), each reference pushed (stdout)."""
 
     def start(item: Candidate) -> None:
         click.echo(f"publishing {item.source} to {registry}", err=True)
 
     def done(item: Candidate, pushed: Published) -> None:
         click.echo(f"  {pushed.kind:9} {pushed.reference} {pushed.digest}")
-        published.append({"image": item.source, "image_id": item.image_id, **pushed.as_dict()})
 
-    try:
-        publish_images(
-            engine, store, items, registry, on_start=start, on_published=done, fleet=fleet
-        )
-    finally:
-        if report_file is not None:
-            write_json(report_file, {"registry": registry, "published": published})
+    return {"on_start": start, "on_published": done}
 
 
 @main.command()
@@ -333,28 +285,32 @@ def publish(
     from envbuild.core.errors import BadInput
     from envbuild.core.store import ResultStore
     from envbuild.engine.interface import connect
-    from envbuild.publish.push import built_entries, candidate
-
-    picked = any(
-        kwargs[k]
-        for k in ("framework", "framework_version", "cuda", "python", "os_name", "matrix_file")
+    from envbuild.knowledge.load import load_knowledge
+    from envbuild.publish.push import (
+        built_entries,
+        candidate,
+        entry_candidates,
+        publish_reported,
     )
-    if images and picked:
+
+    if images and picked(kwargs):
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
-    from envbuild.knowledge.load import load_knowledge
-
     fleet = fleet_from(load_knowledge(), None, fleet_gpus)
     gpus = fleet.gpus if fleet else ()
     if images:
-        engine = connect()
-        store = ResultStore.default()
+        engine, store = connect(), ResultStore.default()
         items = [candidate(engine, store, ref) for ref in images]
-        _publish_items(engine, store, items, registry, report_file, gpus)
-        return
-    _, _, result = plan_from(kwargs)
-    built = built_entries(connect(), result.entries)
-    _publish_entries(built, registry, report_file=report_file, fleet=gpus)
+    else:
+        _, _, result = plan_from(kwargs)
+        engine = connect()
+        built = built_entries(engine, result.entries)
+        store = ResultStore.default()
+        items = entry_candidates(engine, store, built)
+    publish_reported(
+        engine, store, items, registry, report_file=report_file, fleet=gpus,
+        **_publish_lines(registry),
+    )  # fmt: skip
 
 
 @main.command()
@@ -408,9 +364,7 @@ def verify(reference: str, as_json: bool) -> None:
 @main.command()
 @click.argument("image")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
-@click.option(
-    "--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True
-)
+@gpus_option("GPUs for the smoke test.")
 @click.option(
     "--timeout",
     type=click.IntRange(10, 7200),

@@ -59,6 +59,24 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+# The options of `selectors` that pick entries (the rest say how they are named).
+SELECTOR_KEYS = ("framework", "framework_version", "cuda", "python", "os_name", "matrix_file")
+
+
+def picked(kwargs: dict[str, Any]) -> bool:
+    """Whether the command line picked entries with selectors (not only named a repository)."""
+    return any(kwargs[key] for key in SELECTOR_KEYS)
+
+
+def gpus_option(help_text: str) -> Callable[[F], F]:
+    """`--gpus auto|all|none`: which GPUs the containers of a command get."""
+    from envbuild.core.models import GPU_CHOICES
+
+    return click.option(
+        "--gpus", type=click.Choice(GPU_CHOICES), default="auto", show_default=True, help=help_text
+    )
+
+
 def selectors(func: F) -> F:
     """The options every entry-picking command shares."""
     options = [

@@ -10,6 +10,8 @@ from typing import Any
 from envbuild.core.labels import CONTENT_HASH
 
 CPU = "cpu"
+# Which GPUs a container gets: every one, none, or every one where the engine has NVIDIA's runtime.
+GPU_CHOICES = ("auto", "all", "none")
 HASH_LABEL = CONTENT_HASH  # inherited by images built FROM an envbuild image
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, EnvbuildError
@@ -20,6 +22,7 @@ from envbuild.publish.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from envbuild.publish.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
 from envbuild.publish.verify import Target, held_digest, target
 from envbuild.registry import RegistryClient
+from envbuild.report.documents import write_json
 from envbuild.smoke.static import fleet_refusal
 
 PACKAGES_SCRIPT = (
@@ -159,6 +162,34 @@ def publish_images(
         )
         for done in pushed:
             on_published(item, done)
+
+
+def publish_reported(
+    engine: Engine,
+    store: ResultStore,
+    items: list[Candidate],
+    registry: str,
+    *,
+    report_file: Path | None,
+    on_start: Callable[[Candidate], None],
+    on_published: Callable[[Candidate, Published], None],
+    fleet: tuple[Gpu, ...] = (),
+) -> None:
+    """Publish each candidate (see publish_images); `report_file`, when given, lists what was
+    published, written even when a publication fails."""
+    published: list[dict[str, Any]] = []
+
+    def done(item: Candidate, pushed: Published) -> None:
+        on_published(item, pushed)
+        published.append({"image": item.source, "image_id": item.image_id, **pushed.as_dict()})
+
+    try:
+        publish_images(
+            engine, store, items, registry, on_start=on_start, on_published=done, fleet=fleet
+        )
+    finally:
+        if report_file is not None:
+            write_json(report_file, {"registry": registry, "published": published})
 
 
 def publish_image(

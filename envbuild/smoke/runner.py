@@ -18,12 +18,12 @@ from typing import Any
 
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, SmokeFailed
+from envbuild.core.models import GPU_CHOICES
 from envbuild.core.resources import payload_dir
 from envbuild.engine.interface import Engine, ImageInfo, RunResult
 
 # Where the payload folder goes in the container.
 PAYLOAD_DIR = "/tmp/envbuild-smoke"
-GPU_CHOICES = ("auto", "all", "none")
 FRAMEWORKS = ("torch", "tensorflow", "jax")
 # Seconds GNU timeout waits after its TERM before it KILLs the payload.
 _KILL_AFTER_S = 10

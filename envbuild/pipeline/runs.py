@@ -1,0 +1,52 @@
+"""One `envbuild build` run after its entries are built and smoke-tested: the reports it was
+asked for, the CI step summary, and the publication of what passed (`--push`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from envbuild.core.results import EntryResult
+from envbuild.core.store import ResultStore
+from envbuild.engine.interface import connect
+from envbuild.publish.push import Candidate, Published, entry_candidates, publish_reported
+from envbuild.report.documents import append_step_summary, write_build_reports
+
+
+def record_run(
+    results: list[EntryResult],
+    *,
+    json_file: Path | None,
+    junit_file: Path | None,
+    step_summary: Path | None,
+) -> list[str]:
+    """Write the reports asked for and append the step summary; a line for each problem that
+    must not fail the run (a step summary that cannot be appended to)."""
+    write_build_reports(results, json_file=json_file, junit_file=junit_file)
+    if step_summary is None:
+        return []
+    try:
+        append_step_summary(step_summary, results)
+    except OSError as exc:
+        return [f"cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror}"]
+    return []
+
+
+def push_passed(
+    results: list[EntryResult],
+    registry: str,
+    *,
+    on_start: Callable[[Candidate], None],
+    on_published: Callable[[Candidate, Published], None],
+) -> None:
+    """Publish the entries that passed and that the registry did not already hold vetted."""
+    fresh = [r.entry for r in results if r.passed and r.published is None]
+    if not fresh:
+        return
+    engine = connect()
+    store = ResultStore.default()
+    items = entry_candidates(engine, store, fresh)
+    publish_reported(
+        engine, store, items, registry, report_file=None, on_start=on_start,
+        on_published=on_published,
+    )  # fmt: skip
