@@ -7,12 +7,9 @@ import ipaddress
 import json
 import logging
 import re
-import socket
 import tarfile
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,11 +20,12 @@ import urllib3.exceptions
 from docker.types import DeviceRequest
 
 from envbuild.core.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
-from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_alive, run_id, run_place
-from envbuild.core.labels import INSTALL_STAGE, SERVE_ARG, STAGE
+from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
+from envbuild.core.labels import INSTALL_STAGE, STAGE
 from envbuild.core.models import BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
+from envbuild.engine.leftovers import left_behind
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +112,7 @@ class DockerEngine:
         runtimes = self._client.info().get("Runtimes") or {}
         return "nvidia" in runtimes
 
-    # -- images -------------------------------------------------------------
+    # Images.
 
     def image(self, ref: str) -> ImageInfo | None:
         """The local image `ref` names, or None."""
@@ -336,7 +334,7 @@ class DockerEngine:
         except docker.errors.DockerException:
             log.warning("could not remove the local tag %s", ref)
 
-    # -- containers ---------------------------------------------------------
+    # Containers.
 
     def probe_base(self, ref: str) -> BaseProbe:
         """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
@@ -483,94 +481,6 @@ _LOST: tuple[type[BaseException], ...] = (
 )
 _LOST_OR_REFUSED: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_LOST)
 _RESTART = "check that dockerd runs (`docker info`), restart it, and run envbuild again"
-
-
-def _created_at(created: object) -> float:
-    """Epoch seconds of the engine's `Created` time stamp (0 when it cannot be read)."""
-    text = str(created or "").rstrip("Z").split(".")[0]
-    try:
-        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def _env_value(env: object, name: str) -> str | None:
-    """The value of `name` in a container's Config.Env list."""
-    for item in env if isinstance(env, list) else []:
-        key, _, value = str(item).partition("=")
-        if key == name:
-            return value
-    return None
-
-
-def build_server_answers(url: str) -> bool | None:
-    """Whether envbuild's build server at `url` still accepts connections: False when refused
-    (its run's build is over), None when this host cannot tell (no route, a timeout, a bad URL)."""
-    try:
-        parsed = urllib.parse.urlsplit(url)
-        host, port = parsed.hostname, parsed.port
-    except ValueError:
-        return None
-    if not host or not port:
-        return None
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except ConnectionRefusedError:
-        return False
-    except OSError:
-        return None
-
-
-# Exit codes of a container killed when its engine came back (137), or lost with the machine
-# (255). A container whose command ended by itself meanwhile ends with its own code.
-_LOST_WITH_THE_ENGINE = (137, 255)
-# A live run removes its stopped containers within seconds (the builder commits the install
-# step's and removes it; a smoke run reads its output and removes it); one stopped this long
-# ago belongs to a run that died, wherever it ran.
-LIVE_RUN_GRACE_S = 600.0
-# A container created but not started yet: its run may be about to start it.
-UNSTARTED_GRACE_S = 120.0
-
-
-def left_behind(
-    attrs: dict[str, Any],
-    *,
-    now: float,
-    alive: Callable[[str, str], bool | None] = run_alive,
-    serving: Callable[[str], bool | None] = build_server_answers,
-) -> bool:
-    """Whether a stopped envbuild container (the engine's inspect document) can only have been
-    left by a dead run. One that another live run still needs is not: the install step's being
-    committed by its builder, a smoke container whose run is reading its output. `alive(run id,
-    place)` says whether a run still runs, `serving(url)` whether the build server an install
-    step was given still answers (the run's server lives exactly as long as its build); None:
-    cannot tell from here."""
-    state = attrs.get("State") or {}
-    status = state.get("Status") if isinstance(state, dict) else state
-    if status == "dead":
-        return True
-    if status == "created":
-        made = _created_at(attrs.get("Created"))
-        return made > 0 and now - made > UNSTARTED_GRACE_S
-    if status != "exited" or not isinstance(state, dict):
-        return False
-    config = attrs.get("Config") or {}
-    labels = config.get("Labels") or {}
-    code = state.get("ExitCode")
-    if code in _LOST_WITH_THE_ENGINE and not state.get("OOMKilled"):
-        return True
-    if labels.get(STAGE) in ("install", "builder"):
-        if code != 0:
-            return True  # a failed step: its builder removes it too, it is never committed
-        served = _env_value(config.get("Env"), SERVE_ARG)
-        if served and serving(served) is False:
-            return True  # its run's build is over (the engine that ran it died meanwhile)
-    run = labels.get(RUN_LABEL)
-    if run and alive(str(run), str(labels.get(RUN_PLACE_LABEL, ""))) is False:
-        return True
-    finished = _created_at(state.get("FinishedAt"))
-    return finished > 0 and now - finished > LIVE_RUN_GRACE_S
 
 
 def _info(image: Any) -> ImageInfo:

@@ -48,7 +48,7 @@ class RegistryClient(RegistryConnection):
     for one thread at a time.
     """
 
-    # -- manifests ------------------------------------------------------------
+    # Manifests.
 
     @bounded
     def manifest_digest(self, repository: str, reference: str) -> str:
@@ -228,7 +228,7 @@ class RegistryClient(RegistryConnection):
         )
         raise RegistryError(msg)
 
-    # -- blobs ----------------------------------------------------------------
+    # Blobs.
 
     @bounded
     def blob_exists(self, repository: str, digest: str) -> bool:

@@ -177,7 +177,7 @@ class RegistryConnection:
         finally:
             self._operation = None
 
-    # -- what the registry answered ---------------------------------------------
+    # What the registry answered.
 
     def malformed(self, what: str, *, kind: str, why: str) -> RegistryMalformed:
         """The one-line error for an answer that does not have the shape the API gives it."""
@@ -211,7 +211,7 @@ class RegistryConnection:
         if not is_digest(digest):
             raise self.malformed(what, kind="Docker-Content-Digest header", why="not a digest")
 
-    # -- HTTP -----------------------------------------------------------------
+    # HTTP.
 
     def name(self, repository: str, reference: str) -> str:
         """host/repository:tag or host/repository@digest, as messages show it."""

@@ -9,14 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from envbuild.core.interrupt import run_alive, run_id, run_place
-from envbuild.engine.docker_engine import (
-    LIVE_RUN_GRACE_S,
-    _build_error,
-    _push_failure,
-    build_server_answers,
-    ipv4_gateway,
-    left_behind,
-)
+from envbuild.engine.docker_engine import _build_error, _push_failure, ipv4_gateway
+from envbuild.engine.leftovers import LIVE_RUN_GRACE_S, build_server_answers, left_behind
 
 SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
 
