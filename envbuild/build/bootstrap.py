@@ -7,8 +7,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from envbuild.engine.interface import Engine
 from envbuild.core.errors import BadInput, EnvbuildError
+from envbuild.engine.interface import Engine
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 

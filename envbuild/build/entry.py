@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -11,25 +10,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from envbuild import __version__
-from envbuild.core import labels as label_keys
-from envbuild.core.labels import SERVE_ARG
+from envbuild.build.render import render_entry, write_context
 from envbuild.build.server import serve_build
-from envbuild.engine.interface import Engine, ImageInfo
+from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, BuildFailed
 from envbuild.core.interrupt import scratch_prefix
-from envbuild.core.models import BaseProbe, BuildContext, BuildOptions, BuiltImage, Entry, Knowledge, Lock, ProxySettings
-from envbuild.net.proxy import with_direct
+from envbuild.core.labels import SERVE_ARG
+from envbuild.core.models import (
+    BaseProbe,
+    BuildContext,
+    BuildOptions,
+    BuiltImage,
+    Entry,
+    Knowledge,
+    Lock,
+    ProxySettings,
+)
+from envbuild.core.places import log_dir
 from envbuild.core.redact import redact
-from envbuild.build.render import render_entry, write_context
 from envbuild.core.store import ResultStore
+from envbuild.engine.interface import Engine, ImageInfo
+from envbuild.net.proxy import with_direct
 
 log = logging.getLogger(__name__)
-
-
-def log_dir() -> Path:
-    """Where the full build log of each entry is kept."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "envbuild" / "logs"
 
 
 def check_base(knowledge: Knowledge, entry: Entry, probe: BaseProbe) -> None:
@@ -119,63 +122,19 @@ def build_entry(
     start = time.monotonic()
     existing = None if no_cache else _built_before(engine, store, context)
     if existing is not None:
-        tagged = engine.image(entry.image)
-        moved_from = tagged.id if tagged is not None and tagged.id != existing.id else None
-        if moved_from is not None:
-            log.warning(
-                "%s pointed at %s, not at %s that envbuild built for it; tag restored",
-                entry.image, moved_from[:19], existing.id[:19],
-            )  # fmt: skip
-        if tagged is None or moved_from is not None:
-            engine.tag(existing.id, entry.image)
-        return BuiltImage(
-            entry=entry,
-            id=existing.id,
-            tags=tuple(dict.fromkeys((*existing.tags, entry.image))),
-            built=False,
-            log_path=None,
-            seconds=time.monotonic() - start,
-            tag_restored_from=moved_from,
-        )
+        return _found(engine, entry, existing, start)
     logs = log_dir()
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{entry.id}.log"
-    labels = {
-        **context.labels,
-        label_keys.VERSION: __version__,
-        "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    with (
-        tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp,
-        log_path.open("w", encoding="utf-8", buffering=1) as log_file,
-    ):
-        write_context(context, Path(tmp))
+    with log_path.open("w", encoding="utf-8", buffering=1) as log_file:
 
         def record(line: str) -> None:
             line = redact(line)
             log_file.write(line + "\n")
             on_line(line)
 
-        network = not context.offline
         try:
-            # The server lives exactly as long as the build: its URL, kept in the image
-            # history by the classic builder, names a closed port afterwards.
-            gateway = engine.bridge_gateway(network=network)
-            with serve_build(gateway, context.served) as url:
-                image_id = engine.build(
-                    Path(tmp),
-                    tag=entry.image,
-                    labels=labels,
-                    build_args={**context.build_args, SERVE_ARG: url},
-                    on_line=record,
-                    network=network,
-                    no_cache=no_cache,
-                    proxy=(
-                        with_direct(proxy, gateway)
-                        if proxy is not None and not proxy.empty and network
-                        else None
-                    ),
-                )
+            image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
@@ -188,3 +147,63 @@ def build_entry(
         log_path=log_path,
         seconds=time.monotonic() - start,
     )
+
+
+def _found(engine: Engine, entry: Entry, existing: ImageInfo, start: float) -> BuiltImage:
+    """The image envbuild built before for this content, its tag restored if it was moved."""
+    tagged = engine.image(entry.image)
+    moved_from = tagged.id if tagged is not None and tagged.id != existing.id else None
+    if moved_from is not None:
+        log.warning(
+            "%s pointed at %s, not at %s that envbuild built for it; tag restored",
+            entry.image, moved_from[:19], existing.id[:19],
+        )  # fmt: skip
+    if tagged is None or moved_from is not None:
+        engine.tag(existing.id, entry.image)
+    return BuiltImage(
+        entry=entry,
+        id=existing.id,
+        tags=tuple(dict.fromkeys((*existing.tags, entry.image))),
+        built=False,
+        log_path=None,
+        seconds=time.monotonic() - start,
+        tag_restored_from=moved_from,
+    )
+
+
+def _build(
+    engine: Engine,
+    context: BuildContext,
+    on_line: Callable[[str], None],
+    *,
+    no_cache: bool,
+    proxy: ProxySettings | None,
+) -> str:
+    """The engine's build of a context written to a scratch folder, its inputs served for the
+    build's duration; the image id."""
+    labels = {
+        **context.labels,
+        label_keys.VERSION: __version__,
+        "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    network = not context.offline
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp:
+        write_context(context, Path(tmp))
+        # The server lives exactly as long as the build: its URL, kept in the image history by
+        # the classic builder, names a closed port afterwards.
+        gateway = engine.bridge_gateway(network=network)
+        with serve_build(gateway, context.served) as url:
+            return engine.build(
+                Path(tmp),
+                tag=context.entry.image,
+                labels=labels,
+                build_args={**context.build_args, SERVE_ARG: url},
+                on_line=on_line,
+                network=network,
+                no_cache=no_cache,
+                proxy=(
+                    with_direct(proxy, gateway)
+                    if proxy is not None and not proxy.empty and network
+                    else None
+                ),
+            )

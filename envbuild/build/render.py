@@ -20,10 +20,19 @@ import jinja2
 
 from envbuild.core import labels
 from envbuild.core.errors import BadInput
-from envbuild.core.versions import cuda_tag
-from envbuild.core.models import CPU, NO_FRAMEWORK_INDEX, BaseProbe, BuildContext, BuildOptions, Entry, Lock, ServedInputs
+from envbuild.core.models import (
+    CPU,
+    NO_FRAMEWORK_INDEX,
+    BaseProbe,
+    BuildContext,
+    BuildOptions,
+    Entry,
+    Lock,
+    ServedInputs,
+)
 from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.core.resources import templates_dir
+from envbuild.core.versions import cuda_tag
 from envbuild.lock.wheelhouse import framework_index as framework_from
 from envbuild.lock.wheelhouse import has_framework_wheel, wheelhouse_files
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -12,7 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from envbuild.core.errors import BadInput
+from envbuild.core.places import DATA_DIR_FIX as _FIX
+from envbuild.core.places import StateError, data_dir
 from envbuild.core.results import SmokeResult
 
 _SCHEMA = """
@@ -48,28 +48,6 @@ CREATE TABLE IF NOT EXISTS bench (
 );
 CREATE INDEX IF NOT EXISTS bench_image ON bench (image_ref, host, created);
 """
-
-
-_FIX = "point ENVBUILD_DATA_DIR at a writable directory"
-
-
-class StateError(BadInput):
-    """envbuild's local record (results.sqlite3) cannot be read or written."""
-
-
-def data_dir() -> Path:
-    """ENVBUILD_DATA_DIR, else $XDG_DATA_HOME/envbuild, else ~/.local/share/envbuild."""
-    explicit = os.environ.get("ENVBUILD_DATA_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_DATA_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".local" / "share")
-        except RuntimeError:
-            msg = f"cannot tell where to keep envbuild's records: HOME is not set; {_FIX}"
-            raise StateError(msg) from None
-    return Path(base) / "envbuild"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from envbuild.core.store import StateError, data_dir
+from envbuild.core.places import StateError, data_dir
 from envbuild.net.bounded import BLOB_LIMIT, printable
 from envbuild.registry import (
     CREATED_ANNOTATION,

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from envbuild.core.errors import EnvbuildError
-from envbuild.core.store import StateError
+from envbuild.core.places import StateError
 from envbuild.publish.evidence import (
     PACKAGES,
     SMOKE_REPORT,

@@ -14,7 +14,8 @@ import pytest
 
 from envbuild.core import redact
 from envbuild.core.errors import BuildFailed, EnvbuildError
-from envbuild.core.store import ResultStore, StateError
+from envbuild.core.places import StateError
+from envbuild.core.store import ResultStore
 from envbuild.report.documents import write_json, write_text
 
 SECRET = "p%40ss%20w0rd%2Fwith%25-odd+chars"  # as written in a URL: percent-encoded

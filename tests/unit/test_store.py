@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from envbuild.core.errors import EXIT_BAD_INPUT
+from envbuild.core.places import StateError, data_dir
 from envbuild.core.results import SmokeCheck, SmokeResult
-from envbuild.core.store import ResultStore, StateError, data_dir
+from envbuild.core.store import ResultStore
 
 IMAGE_A = "sha256:" + "a" * 64
 IMAGE_B = "sha256:" + "b" * 64
