@@ -31,6 +31,7 @@ from envbuild.core.errors import BadInput
 from envbuild.core.models import ProxySettings
 from envbuild.core.names import redact_url, shown
 from envbuild.core.redact import register, register_credentials
+from envbuild.net.bounded.origins import is_loopback
 
 if TYPE_CHECKING:
     import requests
@@ -39,7 +40,6 @@ MAX_URL_CHARS = 2048
 MAX_NO_PROXY_CHARS = 65536
 MAX_CONFIG_BYTES = 1 << 20  # Docker's config is a few KB; a bigger one is not a config
 URL_EXAMPLE = "http://[user:password@]proxy.example.com:3128 (percent-encode the password)"
-_LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
 # Not allowed unencoded anywhere in a URL (RFC 3986); JSON would escape '"' and '\', and the
 # escaped form, URL-encoded in docker-py's build request, would be one the redactor misses.
 _UNSAFE = frozenset('"<>\\^`{|}')
@@ -129,16 +129,6 @@ def _split_port(entry: str) -> tuple[str, int | None]:
         if port.isdigit():
             return host, int(port)
     return entry, None
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost names and loopback addresses (host as in a URL, no port)."""
-    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bypasses(no_proxy: tuple[str, ...], host: str, port: int | None = None) -> bool:

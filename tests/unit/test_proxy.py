@@ -459,3 +459,23 @@ def test_a_dead_proxy_is_one_line_and_verbose_logs_hold_no_password(tmp_path: Pa
     assert "Connection refused" in errors[0]
     assert SECRET not in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("localhost", True), ("LOCALHOST:5000", True), ("localhost.", True),
+     ("localhost.localdomain", True), ("registry.localhost:5000", True), ("127.0.0.1", True),
+     ("127.1.2.3:8080", True), ("[::1]", True), ("[::1]:5000", True), ("::1", True),
+     ("localhost.corp", False), ("notlocalhost", False), ("10.0.0.1:5000", False),
+     ("[::2]:5000", False), ("registry.corp", False), ("", False), ("[", False)],
+)  # fmt: skip
+def test_one_loopback_rule_for_the_proxy_bypass_and_where_credentials_may_go(
+    host: str, loopback: bool
+) -> None:
+    # The one rule both uses share: proxy bypass of a registry named host[:port], and the
+    # registry client's plain-http-only-on-this-machine (origins.safe_for_credentials).
+    from envbuild.net.bounded.origins import is_loopback, safe_for_credentials
+
+    assert is_loopback(host) is loopback
+    if (host.startswith("[") and host.endswith("]")) or (host.count(":") < 2 and host != "["):
+        assert safe_for_credentials(f"http://{host}/token") is loopback  # as a URL holds it

@@ -11,8 +11,9 @@ hang or eat memory, or hand credentials to someone else:
   bounded; exponential backoff), used by `Transport` and by the PyPI client.
 - `Transport`: retries and redirects followed by hand: at most MAX_REDIRECTS, never from https
   down to plain http, Authorization only to its origin.
-- `same_origin`, `safe_for_credentials`, `next_link`: where a link or secret may go.
-- `printable`: text from a server made safe for one terminal line.
+- `same_origin`, `safe_for_credentials`, `next_link`, `is_loopback` (origins): where a link
+  or secret may go, and which hosts are this machine.
+- `printable` (text): text from a server made safe for one terminal line.
 
 Failures are the small exceptions in `bodies`; the caller turns them into messages that name
 the server and what it was asked for.
@@ -46,16 +47,14 @@ from envbuild.net.bounded.bodies import (
     read_reply,
 )
 from envbuild.net.bounded.origins import (
-    for_log,
     is_downgrade,
     is_loopback,
     next_link,
     origin,
-    origin_text,
-    printable,
     safe_for_credentials,
     same_origin,
 )
+from envbuild.net.bounded.text import for_log, origin_text, printable
 from envbuild.net.bounded.transport import (
     Retries,
     Transport,

@@ -11,7 +11,8 @@ from urllib.parse import urljoin
 import requests
 import urllib3
 
-from envbuild.net.bounded.origins import next_link, printable
+from envbuild.net.bounded.origins import next_link
+from envbuild.net.bounded.text import printable
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -1,28 +1,27 @@
-"""Origins and where credentials may go; text from servers made safe for one terminal line."""
+"""Origins, which hosts are this machine, and where credentials may go."""
 
 from __future__ import annotations
 
 import ipaddress
-import re
 from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# C0 and C1 controls (ESC starts every ANSI sequence), line/paragraph separators and the
-# bidirectional overrides that make text display in another order than it reads.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
 
 
 def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, localhost and [::1] (with or without a port)."""
+    """True for a host on this machine: a localhost name (localhost, localhost.localdomain and,
+    as RFC 6761 reserves them, *.localhost) or a loopback address (127.0.0.0/8, ::1). `host` as
+    a URL or an image reference writes it: any case, with or without a port, IPv6 in brackets."""
     if host.startswith("["):
         name = host[1 : host.find("]")] if "]" in host else host[1:]
     else:
         name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    if name.lower() == "localhost":
+    name = name.lower().rstrip(".")
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
@@ -83,36 +82,3 @@ def next_link(response: requests.Response) -> str | None:
         if "next" in str(link.get("rel", "")).split() and link.get("url"):
             return str(link["url"])
     return None
-
-
-# -- text from servers ------------------------------------------------------------------
-
-
-def printable(text: object, limit: int = 200) -> str:
-    """`text` safe to print on one terminal line: controls and ANSI escapes shown escaped,
-    bidi overrides neutralised, and cut to about `limit` characters."""
-    escaped = _UNPRINTABLE.sub(_escape, str(text))
-    if len(escaped) > limit:
-        return escaped[:limit] + "..."
-    return escaped
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    return _ESCAPES.get(char) or (
-        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
-    )
-
-
-def origin_text(url: str) -> str:
-    """scheme://host:port of a URL from a server, safe to print (no path, query or userinfo)."""
-    parts = origin(url)
-    if parts is None:
-        return printable(url.split("?", 1)[0], 80)
-    scheme, host, port = parts
-    return printable(f"{scheme}://{host}:{port}", 120)
-
-
-def for_log(url: str) -> str:
-    """A URL for a log line: no query (upload URLs carry state tokens there), no controls."""
-    return printable(url.split("?", 1)[0], 200)

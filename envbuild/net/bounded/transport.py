@@ -23,7 +23,8 @@ from envbuild.net.bounded.bodies import (
     close_quietly,
     describe_failure,
 )
-from envbuild.net.bounded.origins import for_log, is_downgrade, origin, origin_text, same_origin
+from envbuild.net.bounded.origins import is_downgrade, origin, same_origin
+from envbuild.net.bounded.text import for_log, origin_text
 
 log = logging.getLogger(__name__)
 
