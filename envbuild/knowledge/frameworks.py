@@ -47,10 +47,40 @@ def load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
     """One framework file, checked; with the notes of what it could not vouch for."""
     data = read_knowledge_file(path)
     check = Checker(path, data, FRAMEWORK_KEYS)
+    name = _framework_name(check, path, data)
+    indexes = _indexes(check, data)
+    verified_default = _variants_verified(check, "", data)
+    releases: list[Release] = []
+    raw_releases = check.table("", data, "releases")
+    for version, raw in raw_releases.items():
+        release = _load_release(check, name, version, raw, indexes, verified_default)
+        if release is not None:
+            releases.append(release)
+    if "releases" in data and not raw_releases and not check.problems:
+        check.fail("releases", "empty; list at least one release")
+    releases.sort(key=lambda r: version_sort_key(r.version))
+    _check_wheel_indexes(check, releases, indexes)
+    framework = FrameworkKnowledge(
+        name=name,
+        package=check.text("", data, "package") or name,
+        releases=tuple(releases),
+        indexes=indexes,
+        sources=check.qualified_sources(),
+    )
+    return framework, check.problems
+
+
+def _framework_name(check: Checker, path: Path, data: dict[Any, Any]) -> str:
+    """`framework`: the file's stem, which the key may only repeat."""
     name = check.text("", data, "framework") or path.stem
     if name != path.stem:
         check.fail("framework", f"{shown(name)} differs from the file name; use {path.stem!r}")
         name = path.stem
+    return name
+
+
+def _indexes(check: Checker, data: dict[Any, Any]) -> dict[str, str]:
+    """`indexes`: the wheel index URL of each variant installed from an index."""
     indexes = {}
     for key, url in check.table(
         "", data, "indexes", names=VARIANT_NAME, hint=_CUDA_VARIANT_HINT, required=False
@@ -59,58 +89,68 @@ def load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
             indexes[key] = url
         else:
             check.fail(f"indexes.{key}", f"expected a URL string, got {yaml_kind(url)}")
-    verified_default = _variants_verified(check, "", data)
-    releases: list[Release] = []
-    raw_releases = check.table("", data, "releases")
-    for version, raw in raw_releases.items():
-        where = f"releases.{version}"
-        if not is_version(version):
-            check.fail("releases", f"key {shown(version)} is not a release version (e.g. '2.4.1')")
-            continue
-        item = check.mapping(where, raw, RELEASE_KEYS)
-        if not item:
-            continue
-        python = check.texts(
-            where,
-            item,
-            "python",
-            required=True,
-            pattern=PYTHON,
-            hint="a Python version such as '3.11'",
-        )
-        variants = _load_variants(check, where, item, indexes, python)
-        verified = (
-            _variants_verified(check, where, item)
-            if "variants_verified" in item
-            else verified_default
-        )
-        unverified = _unverified_variants(check, where, item, variants, verified)
-        if "tested" in item:
-            tested = check.mapping(f"{where}.tested", item["tested"], TESTED_KEYS)
-            for key in ("cuda", "cudnn", "python"):
-                check.text(f"{where}.tested", tested, key)
-            if tested:
-                check.source(f"{where}.tested", tested)
-        pypi_variant = check.text(where, item, "pypi_variant")
-        if pypi_variant is not None and pypi_variant not in {v.cuda for v in variants}:
-            check.fail(where, f"pypi_variant {shown(pypi_variant)} is not one of its variants")
-        releases.append(
-            Release(
-                framework=name,
-                version=version,
-                released=check.text(where, item, "released"),
-                requires_python=check.text(where, item, "requires_python"),
-                python=python,
-                pypi_variant=pypi_variant,
-                variants=variants,
-                source=check.source(where, item),
-                variants_verified=verified,
-                unverified_variants=unverified,
-            )
-        )
-    if "releases" in data and not raw_releases and not check.problems:
-        check.fail("releases", "empty; list at least one release")
-    releases.sort(key=lambda r: version_sort_key(r.version))
+    return indexes
+
+
+def _load_release(
+    check: Checker,
+    name: str,
+    version: str,
+    raw: Any,
+    indexes: dict[str, str],
+    verified_default: str | None,
+) -> Release | None:
+    """One entry of `releases`; None when its key or value is no release at all."""
+    where = f"releases.{version}"
+    if not is_version(version):
+        check.fail("releases", f"key {shown(version)} is not a release version (e.g. '2.4.1')")
+        return None
+    item = check.mapping(where, raw, RELEASE_KEYS)
+    if not item:
+        return None
+    python = check.texts(
+        where,
+        item,
+        "python",
+        required=True,
+        pattern=PYTHON,
+        hint="a Python version such as '3.11'",
+    )
+    variants = _load_variants(check, where, item, indexes, python)
+    verified = (
+        _variants_verified(check, where, item) if "variants_verified" in item else verified_default
+    )
+    unverified = _unverified_variants(check, where, item, variants, verified)
+    if "tested" in item:
+        _check_tested(check, where, item["tested"])
+    pypi_variant = check.text(where, item, "pypi_variant")
+    if pypi_variant is not None and pypi_variant not in {v.cuda for v in variants}:
+        check.fail(where, f"pypi_variant {shown(pypi_variant)} is not one of its variants")
+    return Release(
+        framework=name,
+        version=version,
+        released=check.text(where, item, "released"),
+        requires_python=check.text(where, item, "requires_python"),
+        python=python,
+        pypi_variant=pypi_variant,
+        variants=variants,
+        source=check.source(where, item),
+        variants_verified=verified,
+        unverified_variants=unverified,
+    )
+
+
+def _check_tested(check: Checker, where: str, raw: Any) -> None:
+    """A release's `tested`: the CUDA, cuDNN and Python it was tested with, and the source."""
+    tested = check.mapping(f"{where}.tested", raw, TESTED_KEYS)
+    for key in ("cuda", "cudnn", "python"):
+        check.text(f"{where}.tested", tested, key)
+    if tested:
+        check.source(f"{where}.tested", tested)
+
+
+def _check_wheel_indexes(check: Checker, releases: list[Release], indexes: dict[str, str]) -> None:
+    """Report each variant that names no way to its wheels: no requirement, PyPI or index."""
     for release in releases:
         for variant in release.variants:
             where = f"releases.{release.version}.variants.{variant.cuda}"
@@ -120,14 +160,6 @@ def load_framework(path: Path) -> tuple[FrameworkKnowledge, list[str]]:
                 and variant.cuda not in indexes
             ):
                 check.fail(where, "no wheel index for this variant under indexes:")
-    framework = FrameworkKnowledge(
-        name=name,
-        package=check.text("", data, "package") or name,
-        releases=tuple(releases),
-        indexes=indexes,
-        sources=check.qualified_sources(),
-    )
-    return framework, check.problems
 
 
 def _variants_verified(check: Checker, where: str, item: dict[str, Any]) -> str | None:

@@ -317,61 +317,53 @@ class _Validator:
         return raw
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Sections:
+    """A matrix document's sections as validated, before the defaults fill in missing axes."""
+
+    axes: dict[str, tuple[str, ...]]
+    defaults: dict[str, str]  # the axis values among defaults: python, os, framework_version, cuda
+    include: tuple[dict[str, str], ...]
+    exclude: tuple[dict[str, str], ...]
+    repository: str
+    packages: tuple[str, ...]
+    include_packages: tuple[tuple[str, ...], ...]
+    numpy: bool
+
+
 def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
     """Read and validate a matrix file; raise MatrixError listing every problem."""
     label = path_label(path)
+    data = _read_document(path, label)
+    check = _Validator(label, knowledge, path.parent)
+    sections = _validate(check, data)
+    if check.problems:
+        raise MatrixError(check.problems)
+    return _assemble(label, sections)
+
+
+def _read_document(path: Path, label: str) -> dict[Any, Any]:
+    """The matrix file's top-level mapping; MatrixError when the file holds anything else."""
     data = read_yaml(path, what="matrix file", missing="pass an existing file to -m")
     if not isinstance(data, dict):
         msg = f"{label}: expected a mapping with 'axes' at the top level, got {yaml_kind(data)}"
         raise MatrixError([msg])
-    check = _Validator(label, knowledge, path.parent)
+    return data
+
+
+def _validate(check: _Validator, data: dict[Any, Any]) -> _Sections:
+    """Every section of a matrix document, checked; the problems collect in `check`."""
     check.keys("", data, TOP_KEYS)
     description = data.get("description")
     if description is not None and not isinstance(description, str):
         check.fail(
             "description", f"expected a string, got {yaml_kind(description)}; write it as text"
         )
-
     defaults_raw = check.mapping(
         "defaults", data.get("defaults"), DEFAULT_KEYS, "{python: '3.11', os: bookworm}"
     )
-    defaults: dict[str, str] = {}
-    for key in ("python", "os", "framework_version", "cuda"):
-        if key in defaults_raw:
-            value = check.value(f"defaults.{key}", key, defaults_raw[key])
-            if value is not None:
-                defaults[key] = value
-
-    axes: dict[str, tuple[str, ...]] = {}
-    axes_raw = data.get("axes")
-    if axes_raw is None:
-        check.fail("axes", "missing; give at least axes.framework (e.g. [torch]) and axes.cuda")
-    axes_raw = check.mapping("axes", axes_raw, AXES, "{framework: [torch], cuda: [cpu]}")
-    versions: list[tuple[str, str]] = []  # (place, value) of framework_version values
-    for axis in AXES:
-        if axis not in axes_raw:
-            continue
-        raw = axes_raw[axis]
-        if raw is None or raw == []:
-            empty = "null" if raw is None else "an empty list"
-            check.fail(
-                f"axes.{axis}",
-                f"is {empty}, so nothing would be built; list values, e.g. {EXAMPLES[axis]}, "
-                "or remove the key",
-            )
-            continue
-        items = list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]
-        checked = []
-        for i, item in items:
-            where = f"axes.{axis}" if i is None else f"axes.{axis}[{i}]"
-            value = check.value(where, axis, item)
-            if value is not None:
-                checked.append(value)
-                if axis == "framework_version":
-                    versions.append((where, value))
-        axes[axis] = tuple(dict.fromkeys(checked))
-    if isinstance(data.get("axes"), dict) and "framework" not in axes_raw:
-        check.fail("axes.framework", "missing; list the frameworks to build, e.g. [torch]")
+    defaults = _axis_defaults(check, defaults_raw)
+    axes, versions = _axes(check, data)
     frameworks = axes.get("framework", ())
     if "framework_version" in defaults:
         versions.append(("defaults.framework_version", defaults["framework_version"]))
@@ -391,16 +383,84 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
     numpy = defaults_raw.get("numpy", True)
     if not isinstance(numpy, bool):
         check.fail("defaults.numpy", f"expected true or false, got {yaml_kind(numpy)}")
-    if check.problems:
-        raise MatrixError(check.problems)
+    return _Sections(
+        axes=axes,
+        defaults=defaults,
+        include=include,
+        exclude=exclude,
+        repository=repository,
+        packages=packages,
+        include_packages=tuple(check.include_packages),
+        numpy=numpy is not False,
+    )
 
+
+def _axis_defaults(check: _Validator, defaults_raw: dict[str, Any]) -> dict[str, str]:
+    """The defaults that stand for an axis left out of `axes`, each checked as an axis value."""
+    defaults: dict[str, str] = {}
+    for key in ("python", "os", "framework_version", "cuda"):
+        if key in defaults_raw:
+            value = check.value(f"defaults.{key}", key, defaults_raw[key])
+            if value is not None:
+                defaults[key] = value
+    return defaults
+
+
+def _axes(
+    check: _Validator, data: dict[Any, Any]
+) -> tuple[dict[str, tuple[str, ...]], list[tuple[str, str]]]:
+    """`axes`: each axis's valid values, once each; and the place of every framework_version."""
+    axes: dict[str, tuple[str, ...]] = {}
+    axes_raw = data.get("axes")
+    if axes_raw is None:
+        check.fail("axes", "missing; give at least axes.framework (e.g. [torch]) and axes.cuda")
+    axes_raw = check.mapping("axes", axes_raw, AXES, "{framework: [torch], cuda: [cpu]}")
+    versions: list[tuple[str, str]] = []  # (place, value) of framework_version values
+    for axis in AXES:
+        if axis not in axes_raw:
+            continue
+        placed = _axis_values(check, axis, axes_raw[axis])
+        if placed is None:
+            continue
+        axes[axis] = tuple(dict.fromkeys(value for _, value in placed))
+        if axis == "framework_version":
+            versions += placed
+    if isinstance(data.get("axes"), dict) and "framework" not in axes_raw:
+        check.fail("axes.framework", "missing; list the frameworks to build, e.g. [torch]")
+    return axes, versions
+
+
+def _axis_values(check: _Validator, axis: str, raw: Any) -> list[tuple[str, str]] | None:
+    """One axis's valid values with their places; None, reported, when it lists no value."""
+    if raw is None or raw == []:
+        empty = "null" if raw is None else "an empty list"
+        check.fail(
+            f"axes.{axis}",
+            f"is {empty}, so nothing would be built; list values, e.g. {EXAMPLES[axis]}, "
+            "or remove the key",
+        )
+        return None
+    items = list(enumerate(raw)) if isinstance(raw, list) else [(None, raw)]
+    placed = []
+    for i, item in items:
+        where = f"axes.{axis}" if i is None else f"axes.{axis}[{i}]"
+        value = check.value(where, axis, item)
+        if value is not None:
+            placed.append((where, value))
+    return placed
+
+
+def _assemble(label: str, sections: _Sections) -> Matrix:
+    """The Matrix of a valid document: an axis it leaves out takes its default value."""
+    defaults = sections.defaults
     python = defaults.get("python", "3.11")
     os_name = defaults.get("os", "bookworm")
+    axes = dict(sections.axes)
     axes.setdefault("framework_version", (defaults.get("framework_version", LATEST),))
     axes.setdefault("cuda", (defaults.get("cuda", CPU),))
     axes.setdefault("python", (python,))
     axes.setdefault("os", (os_name,))
-    count = math.prod(len(axes[a]) for a in AXES) + len(include)
+    count = math.prod(len(axes[a]) for a in AXES) + len(sections.include)
     if count > MAX_COMBINATIONS:
         msg = (
             f"{label}: axes: the axes multiply to {count} combinations, more than "
@@ -410,14 +470,14 @@ def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
     return Matrix(
         source=label,
         axes=axes,
-        include=include,
-        exclude=exclude,
+        include=sections.include,
+        exclude=sections.exclude,
         python=python,
         os=os_name,
-        repository=repository,
-        packages=packages,
-        include_packages=tuple(check.include_packages),
-        numpy=numpy is not False,
+        repository=sections.repository,
+        packages=sections.packages,
+        include_packages=sections.include_packages,
+        numpy=sections.numpy,
     )
 
 
