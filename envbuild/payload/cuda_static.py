@@ -7,7 +7,15 @@ Runs inside an image (copied beside the smoke payloads) and on the host's tests 
   headers name their kind (PTX or ELF, i.e. SASS machine code) and their `sm_` architecture.
 * `library_version(path, symbol)`: a version a CUDA library reports about itself
   (`cudnnGetVersion`, `ncclGetVersion`, `cudaRuntimeGetVersion`, `cublasGetVersion_v2`),
-  loaded with ctypes; none of these needs a GPU.
+  loaded with ctypes; none of these needs a GPU; `read_versions` asks each in a child process;
+* `unresolved(libraries, system)`: the libraries the environment's shared objects need
+  (DT_NEEDED, read by `dynamic`) that neither their RUNPATH, the system nor the environment
+  itself provides;
+* `payload_body`: the payload, one JSON report as the framework payloads give (sections
+  closure, versions, archs), run by smoke_harness.
+
+One module, not several, because the host imports it (`Targets`) and a payload module the
+host imports may import no sibling when it loads.
 
 Bounded for hostile files: a section or a container that does not add up is an error naming
 the file, never a loop or an unbounded read.
@@ -170,8 +178,6 @@ def library_version(path: str, symbol: str) -> int:
     return int(value.value)
 
 
-# -- which libraries the environment's shared objects need, and whether the image has them -------
-
 # The driver's own libraries: mounted into a container by the NVIDIA runtime, never in an image.
 DRIVER_LIBRARIES = ("libcuda.so", "libcuda.so.1", "libnvidia-ml.so.1")
 # Where the dynamic loader looks after a library's own RUNPATH (Debian's multiarch first).
@@ -289,8 +295,6 @@ def system_libraries() -> set[str]:
     return names
 
 
-# -- the versions CUDA libraries report about themselves ------------------------------------------
-
 # (report key, file name, getter): the environment's own copies, found by name.
 VERSION_LIBRARIES = (
     ("cudnn", r"libcudnn\.so\.\d+$", "cudnnGetVersion"),
@@ -339,8 +343,6 @@ def read_versions(libraries: list[str]) -> tuple[dict[str, list[dict[str, str]]]
         found[key].append({"path": path, "version": version_text(key, int(answer))})
     return found, errors
 
-
-# -- the payload: one JSON report, as the framework payloads give ----------------------------------
 
 FRAMEWORK_FOLDERS = {
     "torch": ("torch",),

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """envbuild bench payload for JAX images.
 
-Copied into a container beside smoke_harness.py, bench_harness.py and
-jax_smoke.py, and run as ``python3 jax_bench.py``.  It measures, on this
-machine, what bench_harness.py defines for every framework alike, and prints
-one JSON document (the smoke harness's report, with the bench parts):
+Copied into a container with the other payload modules and run as ``python3
+jax_bench.py``: ``benchmark(run, budget)`` runs under bench_harness.main.  It
+measures, on this machine, what bench_harness.py defines for every framework
+alike, and prints one JSON document (the smoke harness's report, with the bench
+parts):
 
   * throughput -- the two standard models (conv, transformer) trained with
                   plain SGD under jax.jit, per precision: fp32; bf16 (parameters
@@ -27,6 +28,7 @@ worker processes re-import this file, so it must stay light at import time.
 """
 
 import collections
+import functools
 import gc
 import itertools
 import math
@@ -36,7 +38,8 @@ import time
 
 import bench_harness as bench
 import jax_smoke
-import smoke_harness as harness
+import payload_versions
+import smoke_verdicts as verdicts
 from smoke_harness import describe_exc, log
 
 PAYLOAD = "jax_bench"
@@ -46,69 +49,13 @@ FP16_LOSS_SCALE = 1024.0
 # A measurement is not started with less than this left of its section's clock: warm-up (XLA
 # compilation) and MIN_REPS repetitions of TARGET_REP_S do not fit in less.
 MIN_ITEM_S = 1.5
-# Before a section has seen a warm-up (compilation, start-up), it expects one to take this long.
+# Before a section has seen a warm-up (compilation, start-up), it expects one to take this long;
+# a sweep's first point expects that much besides its steps.
 FIRST_WARMUP_S = 1.0
-# A batch-size point whose predecessor took t seconds is expected to take about this x t.
-SWEEP_GROWTH = 2.0
-# Before the first point of a sweep there is no predecessor: this is its expected cost.
-FIRST_POINT_S = 2.0
 
-# The loader's per-sample work (the same in every framework).
+# The loader: bench_harness's per-sample work in numpy, seeded from this and the sample's index.
 LOADER_SEED = 20240
-LOADER_IMAGE = (3, 48, 48)
-LOADER_CROP = 32
-LOADER_MEAN = (125.3, 123.0, 113.9)
-LOADER_STD = (63.0, 62.1, 66.7)
-# Batches each worker keeps in flight, as torch's DataLoader (prefetch_factor 2).
-LOADER_PREFETCH = 2
 LOADER_GET_TIMEOUT_S = 60.0
-
-
-# --------------------------------------------------------------------------
-# pure rules (no jax): the sweep's stop rules, the clock's slices, the all-reduce points
-
-
-def gigabytes(nbytes):
-    return f"{nbytes / 1e9:.1f} GB"
-
-
-def memory_stop(next_batch, last_peak, available, rss, fraction=bench.CPU_MEMORY_FRACTION):
-    """Why a CPU sweep must not try ``next_batch``, or None: its step would need about twice the
-    last point's peak, more than ``fraction`` of the memory this process could reach (what is
-    available plus what it already holds)."""
-    if last_peak is None or available is None:
-        return None
-    reachable = available + (rss or 0)
-    allowed = fraction * reachable
-    need = 2 * last_peak
-    if need <= allowed:
-        return None
-    return (
-        f"memory: batch {next_batch} would need about {gigabytes(need)} of "
-        f"{gigabytes(allowed)} available ({fraction:.0%} of {gigabytes(reachable)})"
-    )
-
-
-def time_stop(next_batch, last_point_s, left_s):
-    """Why a sweep must not try ``next_batch``, or None: the point takes about SWEEP_GROWTH x the
-    last one (FIRST_POINT_S for the first), more than the ``left_s`` seconds of its slice."""
-    need = FIRST_POINT_S if last_point_s is None else SWEEP_GROWTH * last_point_s
-    if need <= left_s:
-        return None
-    return (
-        f"time: batch {next_batch} would need about {need:.1f} s, "
-        f"{left_s:.1f} s left of the sweep's share"
-    )
-
-
-def sweep_batches(start=bench.BATCH_START, largest=bench.BATCH_MAX):
-    """The batch sizes of a sweep: ``start`` doubling up to ``largest``."""
-    batches = []
-    batch = start
-    while batch <= largest:
-        batches.append(batch)
-        batch *= 2
-    return batches
 
 
 def reps_for(left_s, items_left, warmup_s):
@@ -160,33 +107,22 @@ def allreduce_point(nbytes, world, figure):
         "busbw": busbw_figure,
     }
     if world == 1:
-        point["note"] = "one rank: no communication"
+        point["note"] = bench.ONE_RANK_NOTE
     return point
 
 
-def per_batch(figure, batch):
-    """A samples/s figure as batches/s of ``batch`` samples."""
-    out = bench.stats([s / batch for s in figure["samples"]], "batches/s")
-    out["steps_per_rep"] = figure.get("steps_per_rep")
-    out["warmup_seconds"] = figure.get("warmup_seconds")
-    return out
-
-
-# --------------------------------------------------------------------------
-# the loader's work: numpy only, run in worker processes that never import jax
-
-
 def loader_sample(np, index):
-    """One sample: a seeded 3x48x48 uint8 "decoded" image, a random 32x32 crop, a random
-    horizontal flip, float32 normalised by a per-channel mean and std."""
+    """One sample, bench_harness's per-sample work: a seeded "decoded" uint8 image, a random
+    crop, a random horizontal flip, float32 normalised per channel."""
     rng = np.random.default_rng((LOADER_SEED, index))
-    image = rng.integers(0, 256, size=LOADER_IMAGE, dtype=np.uint8)
-    top, left = rng.integers(0, LOADER_IMAGE[1] - LOADER_CROP + 1, size=2)
-    crop = image[:, top : top + LOADER_CROP, left : left + LOADER_CROP]
+    side, crop_side = bench.LOADER_IMAGE_SIDE, bench.LOADER_CROP_SIDE
+    image = rng.integers(0, 256, size=(3, side, side), dtype=np.uint8)
+    top, left = bench.crop_offsets(lambda n: int(rng.integers(0, n)))
+    crop = image[:, top : top + crop_side, left : left + crop_side]
     if rng.random() < 0.5:
         crop = crop[:, :, ::-1]
-    mean = np.asarray(LOADER_MEAN, np.float32).reshape(3, 1, 1)
-    std = np.asarray(LOADER_STD, np.float32).reshape(3, 1, 1)
+    mean = np.asarray(bench.LOADER_MEAN, np.float32).reshape(3, 1, 1)
+    std = np.asarray(bench.LOADER_STD, np.float32).reshape(3, 1, 1)
     return (crop.astype(np.float32) - mean) / std
 
 
@@ -209,13 +145,14 @@ def pool_context():
 
 
 class PoolLoader:
-    """Batches from a multiprocessing Pool, LOADER_PREFETCH per worker in flight, in order."""
+    """Batches from a multiprocessing Pool, bench_harness's LOADER_PREFETCH per worker in flight,
+    in order."""
 
     def __init__(self, context, workers):
         self.pool = context.Pool(workers)
         self.pending = collections.deque()
         self.indices = itertools.count()
-        for _ in range(workers * LOADER_PREFETCH):
+        for _ in range(workers * bench.LOADER_PREFETCH):
             self._submit()
 
     def _submit(self):
@@ -234,10 +171,6 @@ class PoolLoader:
         self.pending.clear()
         self.pool.terminate()
         self.pool.join()
-
-
-# --------------------------------------------------------------------------
-# the two standard models, in jax.numpy
 
 
 def model_arrays(np, model, seed=0):
@@ -405,16 +338,6 @@ class Training:
         return None if self.state[1] is None else float(self.state[1])
 
 
-def check_loss(errors, section, what, loss):
-    """A non-finite loss is an error (the precision does not train here)."""
-    if loss is None or not math.isfinite(loss):
-        errors.append(f"{section}: {what}: the loss is {loss!r}, not finite")
-
-
-# --------------------------------------------------------------------------
-# the sections
-
-
 def on_gpu(jax):
     return jax.default_backend() == "gpu"
 
@@ -425,6 +348,16 @@ def precisions(jax):
         return [(p, None) for p in bench.PRECISIONS]
     why = "fp16 with loss scaling is for GPUs; this run has only the CPU"
     return [(p, why if p == "fp16" else None) for p in bench.PRECISIONS]
+
+
+class BenchState:
+    """What the sections share: jax, whether it runs on GPUs, the budget, figures to reuse."""
+
+    def __init__(self, jax, budget):
+        self.jax = jax
+        self.budget = budget
+        self.gpu = on_gpu(jax)
+        self.conv_fp32 = None  # the throughput section's figure of the conv model in fp32
 
 
 def measure_training(jax, fn, model, batch, clock, reps):
@@ -438,9 +371,10 @@ def measure_training(jax, fn, model, batch, clock, reps):
     return figure, training.loss()
 
 
-def run_throughput(jax, doc, budget, state):
+def run_throughput(state, doc, clock):
+    """Samples/s per model and precision at DEFAULT_BATCH, under jax.jit."""
+    jax, budget = state.jax, state.budget
     part = doc["throughput"]
-    clock = bench.Clock(budget.share("throughput"))
     part["mode"] = "jax.jit"
     batch = part["batch"] = bench.DEFAULT_BATCH
     jobs = [(m, p, why) for m in bench.MODELS for p, why in precisions(jax)]
@@ -460,7 +394,7 @@ def run_throughput(jax, doc, budget, state):
         fn = jax.jit(train_step(jax, model, precision))
         figure, loss = measure_training(jax, fn, model, batch, clock, reps)
         items.seen(figure)
-        check_loss(doc["errors"], "throughput", f"{name} {precision}", loss)
+        bench.check_loss(doc["errors"], f"throughput: {name} {precision}", loss)
         if figure is None:
             entry["skipped"] = "the clock ran out before 3 repetitions"
             budget.skip("throughput", f"{name} {precision}", entry["skipped"])
@@ -468,12 +402,13 @@ def run_throughput(jax, doc, budget, state):
         log(f"throughput: {name} {precision}: {figure['median']:.0f} samples/s")
         entry.update(batch=batch, mode=part["mode"], **figure)
         if name == "conv" and precision == "fp32":
-            state["conv_fp32"] = figure
+            state.conv_fp32 = figure
 
 
-def run_compile(jax, doc, budget):
+def run_compile(state, doc, clock):
+    """Per model: op-by-op against jax.jit, XLA's compilation timed apart."""
+    jax, budget = state.jax, state.budget
     part = doc["compile"]
-    clock = bench.Clock(budget.share("compile"))
     part["eager_mode"] = "op-by-op (jax.disable_jit)"
     part["compiled_mode"] = "jax.jit (XLA)"
     batch = bench.DEFAULT_BATCH
@@ -492,7 +427,7 @@ def run_compile(jax, doc, budget):
             compiled = jax.jit(fn).lower(init_params(jax, model), x, y).compile()
             entry["compile_seconds"] = time.perf_counter() - t0
             entry["compiled"], loss = measure_training(jax, compiled, model, batch, clock, reps)
-            check_loss(doc["errors"], "compile", f"{name} jax.jit", loss)
+            bench.check_loss(doc["errors"], f"compile: {name} jax.jit", loss)
         if entry["compiled"] is None:
             budget.skip("compile", f"{name} compiled")
 
@@ -501,7 +436,7 @@ def run_compile(jax, doc, budget):
             with jax.disable_jit():
                 entry["eager"], loss = measure_training(jax, fn, model, batch, clock, reps)
             items.seen(entry["eager"])
-            check_loss(doc["errors"], "compile", f"{name} op-by-op", loss)
+            bench.check_loss(doc["errors"], f"compile: {name} op-by-op", loss)
         if entry["eager"] is None:
             budget.skip("compile", f"{name} eager")
         if entry["eager"] and entry["compiled"]:
@@ -524,71 +459,63 @@ def device_peak_bytes(device):
     return None if peak is None else int(peak)
 
 
-def run_batch(jax, doc, budget):
+def run_batch(state, doc, clock):
+    """Per precision, the transformer's samples/s and peak memory per batch size."""
+    jax = state.jax
     part = doc["batch"]
-    clock = bench.Clock(budget.share("batch"))
-    gpu = on_gpu(jax)
-    device = jax.devices()[0]
     # XLA's allocator keeps no resettable peak: on a GPU the peak is since the start, which the
     # growing batches dominate.
-    part["memory"] = "jax device memory_stats peak_bytes_in_use" if gpu else "peak RSS (VmHWM)"
-    model = bench.TRANSFORMER
+    part["memory"] = (
+        "jax device memory_stats peak_bytes_in_use" if state.gpu else "peak RSS (VmHWM)"
+    )
     sweeps = [p for p, why in precisions(jax) if why is None]
-    for i, precision in enumerate(sweeps):
-        sweep = {"model": model["name"], "precision": precision, "points": [],
-                 "largest_fit": None, "largest_fit_peak_bytes": None, "stopped": None}  # fmt: skip
+    for index, precision in enumerate(sweeps):
+        sweep = bench.new_sweep(bench.TRANSFORMER["name"], precision)
         part["sweeps"].append(sweep)
-        sweep_clock = bench.Clock(clock.left() / (len(sweeps) - i))
-        fn = jax.jit(train_step(jax, model, precision))
-        last_s = None
-        batches = sweep_batches()
-        for batch in batches:
-            why = time_stop(batch, last_s, sweep_clock.left())
-            if why is not None:
-                sweep["stopped"] = why
-                budget.skip("batch", f"{model['name']} {precision} from batch {batch}", why)
-                break
-            t0 = time.perf_counter()
-            if not gpu:
-                bench.reset_peak_rss()
-            try:
-                figure, loss = measure_training(jax, fn, model, batch, sweep_clock, bench.REPS)
-            except Exception as exc:
-                if not (gpu and is_oom(exc)):
-                    raise
-                sweep["stopped"] = f"out of memory at batch {batch}"
-                log(f"batch: {precision} batch {batch}: {describe_exc(exc)}")
-                break
-            finally:
-                gc.collect()
-            last_s = time.perf_counter() - t0
-            if figure is None:
-                sweep["stopped"] = f"time: batch {batch} did not finish 3 repetitions in the sweep's share"  # fmt: skip
-                budget.skip("batch", f"{model['name']} {precision} from batch {batch}", sweep["stopped"])  # fmt: skip
-                break
-            check_loss(doc["errors"], "batch", f"{precision} batch {batch}", loss)
-            peak = device_peak_bytes(device) if gpu else bench.peak_rss_bytes()
-            sweep["points"].append({"batch": batch, **figure, "peak_bytes": peak})
-            sweep["largest_fit"], sweep["largest_fit_peak_bytes"] = batch, peak
-            if not gpu and batch != batches[-1]:
-                why = memory_stop(
-                    batch * 2, peak, bench.available_memory_bytes(), bench.rss_bytes()
-                )
-                if why is not None:
-                    sweep["stopped"] = why
-                    break
-        else:
-            sweep["stopped"] = f"reached the largest batch tried ({bench.BATCH_MAX})"
+        fn = jax.jit(train_step(jax, bench.TRANSFORMER, precision))
+        bench.run_sweep(
+            sweep,
+            # Each sweep an equal part of what is left.
+            bench.Clock(clock.left() / (len(sweeps) - index)),
+            state.budget,
+            functools.partial(measure_point, state, fn, precision, errors=doc["errors"]),
+            # Each batch size is a new shape: the point compiles the step before timing it.
+            first_setup_s=FIRST_WARMUP_S,
+            on_cpu=not state.gpu,
+        )
         jax.clear_caches()
 
 
-def run_loader(jax, doc, budget, state):
+def measure_point(state, fn, precision, batch, clock, *, errors):
+    """One point of a sweep, ``{"batch", **figure, "peak_bytes"}``, or why the sweep stops at
+    ``batch`` (out of GPU memory, out of time)."""
+    jax = state.jax
+    if not state.gpu:
+        bench.reset_peak_rss()
+    try:
+        figure, loss = measure_training(jax, fn, bench.TRANSFORMER, batch, clock, bench.REPS)
+    except Exception as exc:
+        if not (state.gpu and is_oom(exc)):
+            raise
+        log(f"batch: {precision} batch {batch}: {describe_exc(exc)}")
+        return f"out of memory at batch {batch}"
+    finally:
+        gc.collect()
+    if figure is None:
+        return bench.late_point(batch)
+    bench.check_loss(errors, f"batch: {precision} batch {batch}", loss)
+    peak = device_peak_bytes(jax.devices()[0]) if state.gpu else bench.peak_rss_bytes()
+    return {"batch": batch, **figure, "peak_bytes": peak}
+
+
+def run_loader(state, doc, clock):
+    """Batches/s of a Pool of numpy workers alone per worker count, against the conv step's."""
+    jax, budget = state.jax, state.budget
     part = doc["loader"]
-    clock = bench.Clock(budget.share("loader"))
     method, context = pool_context()
     part["kind"] = f"multiprocessing.Pool ({method} worker processes, numpy)"
     batch = part["batch"] = bench.DEFAULT_BATCH
-    conv = state.get("conv_fp32")
+    conv = state.conv_fp32
     counts = list(bench.LOADER_WORKERS)
     items = Items(clock, len(counts) + (conv is None))
     if conv is None:  # the throughput section had no time for it: measure it here
@@ -597,7 +524,7 @@ def run_loader(jax, doc, budget, state):
             fn = jax.jit(train_step(jax, bench.CONV, "fp32"))
             conv, _ = measure_training(jax, fn, bench.CONV, batch, clock, reps)
     if conv is not None:
-        part["step"] = {"model": "conv", "precision": "fp32", "batch": batch, **per_batch(conv, batch)}  # fmt: skip
+        part["step"] = {"model": "conv", "precision": "fp32", "batch": batch, **bench.per_batch(conv, batch)}  # fmt: skip
     else:
         budget.skip("loader", "the conv step's rate")
     for workers in counts:
@@ -606,34 +533,7 @@ def run_loader(jax, doc, budget, state):
             budget.skip("loader", f"{workers} workers")
             continue
         point = {"workers": workers}
-        loader = None
-        try:
-            t0 = time.perf_counter()
-            if workers == 0:
-                indices = itertools.count()
-
-                def fetch(indices=indices):
-                    return loader_batch(next(indices))
-            else:
-                loader = PoolLoader(context, workers)
-                fetch = loader.next
-                # start-up (processes, imports) stays out of the timing
-                for _ in range(workers * LOADER_PREFETCH):
-                    fetch()
-            point["startup_seconds"] = time.perf_counter() - t0
-
-            # A step is LOADER_BATCHES batches: one batch alone may have been made ahead (the
-            # workers prefetch), which would make measure() size its repetitions far too long.
-            def step(fetch=fetch):
-                for _ in range(bench.LOADER_BATCHES):
-                    fetch()
-
-            figure = bench.measure(
-                step, items_per_step=bench.LOADER_BATCHES, unit="batches/s", clock=clock, reps=reps
-            )
-        finally:
-            if loader is not None:
-                loader.close()
+        figure = loader_figure(context, workers, point, clock, reps)
         if figure is None:
             budget.skip("loader", f"{workers} workers", "the clock ran out before 3 repetitions")
             continue
@@ -642,36 +542,65 @@ def run_loader(jax, doc, budget, state):
         part["points"].append(point)
 
 
+def loader_figure(context, workers, point, clock, reps):
+    """Batches/s from ``workers`` Pool workers (0: made in this process), no training; their
+    start-up (processes, imports) is the point's ``startup_seconds``, out of the timing."""
+    loader = None
+    try:
+        t0 = time.perf_counter()
+        if workers == 0:
+            indices = itertools.count()
+
+            def fetch():
+                return loader_batch(next(indices))
+        else:
+            loader = PoolLoader(context, workers)
+            fetch = loader.next
+            for _ in range(workers * bench.LOADER_PREFETCH):
+                fetch()
+        point["startup_seconds"] = time.perf_counter() - t0
+        group = bench.loader_group(workers)
+
+        def read():
+            for _ in range(group):
+                fetch()
+
+        return bench.measure(read, items_per_step=group, unit="batches/s", clock=clock, reps=reps)
+    finally:
+        if loader is not None:
+            loader.close()
+
+
 def make_allreduce(jax, devs, elements):
     """(fn, make, method): jax_smoke's shard_map psum, else its pmap one."""
     try:
-        fn, make = jax_smoke._shard_map_allreduce(jax, devs, elements)
+        fn, make = jax_smoke.shard_map_allreduce(jax, devs, elements)
         jax.block_until_ready(fn(make(lambda k: 0.0)))
         return fn, make, "shard_map/psum"
     except Exception as exc:
         log(f"shard_map all-reduce failed, trying pmap: {describe_exc(exc)}")
-        fn, make = jax_smoke._pmap_allreduce(jax, devs, elements)
+        fn, make = jax_smoke.pmap_allreduce(jax, devs, elements)
         return fn, make, "pmap/psum"
 
 
-def run_allreduce(jax, doc, budget):
+def run_allreduce(state, doc, clock):
+    """Seconds, algbw and busbw per message size of a psum over the devices, each sum checked."""
     import jax.numpy as jnp
 
+    jax, budget, gpu = state.jax, state.budget, state.gpu
     part = doc["allreduce"]
-    clock = bench.Clock(budget.share("allreduce"))
     devs = jax.devices()
     world = len(devs)
-    gpu = on_gpu(jax)
     part["backend"] = "NCCL (psum over the GPUs)" if gpu else "XLA host devices (psum)"
     part["world_size"] = world
-    if not gpu and world < harness.CPU_WORLD_SIZE:
+    if not gpu and world < verdicts.CPU_WORLD_SIZE:
         doc["errors"].append(
             f"allreduce: only {world} host device(s) although XLA_FLAGS asks for "
-            f"{harness.CPU_WORLD_SIZE} ({os.environ.get('XLA_FLAGS', '')!r})"
+            f"{verdicts.CPU_WORLD_SIZE} ({os.environ.get('XLA_FLAGS', '')!r})"
         )
     expected = world * (world + 1) / 2.0
     items = Items(clock, len(bench.ALLREDUCE_SIZES))
-    verdicts = []
+    sums_correct = []
     for nbytes in bench.ALLREDUCE_SIZES:
         reps = items.reps()
         if reps is None:
@@ -681,9 +610,9 @@ def run_allreduce(jax, doc, budget):
         fn, make, method = make_allreduce(jax, devs, elements)
         part.setdefault("method", method)
         out = jax.block_until_ready(fn(make(lambda k: float(k + 1))))
-        correct, got = jax_smoke._check_sum(jnp, out, expected)
+        correct, got = jax_smoke.check_sum(jnp, out, expected)
         del out
-        verdicts.append(correct)
+        sums_correct.append(correct)
         if not correct:
             doc["errors"].append(
                 f"allreduce: {nbytes} bytes: wrong result: expected {expected!r} everywhere, got {got!r}"
@@ -711,9 +640,9 @@ def run_allreduce(jax, doc, budget):
         point = allreduce_point(nbytes, world, figure)
         log(f"allreduce: {nbytes} bytes: busbw {point['busbw_gbps']:.3g} GB/s")
         part["points"].append(point)
-    part["correct"] = bool(verdicts) and all(verdicts)
+    part["correct"] = bool(sums_correct) and all(sums_correct)
     if gpu and doc["versions"].get("nccl") is None:
-        doc["versions"]["nccl"] = harness.loaded_nccl_version()
+        doc["versions"]["nccl"] = payload_versions.loaded_nccl_version()
 
 
 def start_xla(jax):
@@ -730,77 +659,39 @@ def start_xla(jax):
 
 
 def collect_devices(jax, doc):
+    """The devices as the smoke payload reports them, the machine, then XLA's start-up."""
     doc["devices"].extend(jax_smoke.collect_devices(jax))
-    doc["machine"] = machine_facts(doc["devices"])
+    doc["machine"] = bench.machine_facts(doc["devices"])
     t0 = time.perf_counter()
     start_xla(jax)
     log(f"XLA start-up: {time.perf_counter() - t0:.2f} s")
 
 
-def machine_facts(devices):
-    facts = bench.cpu_facts()
-    gpus = [
+def benchmark(run, budget):
+    """The bench on this image: versions and devices, then the five measured sections."""
+    jax_smoke.force_host_devices()
+    jax = run.load("jax")
+    if jax is None:
+        return
+    state = BenchState(jax, budget)
+    run.section(
+        "versions",
+        60,
+        lambda doc: jax_smoke.collect_versions(jax, doc["versions"], doc["errors"]),
+    )
+    run.section("devices", 60, lambda doc: collect_devices(jax, doc))
+    bench.run_sections(
+        run,
+        budget,
         {
-            "name": d.get("name"),
-            "memory_bytes": d.get("memory_bytes"),
-            "capability": d.get("capability"),
-        }
-        for d in devices
-        if d.get("kind") in ("gpu", "cuda")
-    ]
-    if gpus:
-        facts["gpus"] = gpus
-    return facts
-
-
-def timed(name, fn):
-    """A section body that runs ``fn(doc)`` and records the part's wall seconds."""
-
-    def body(doc):
-        t0 = time.perf_counter()
-        try:
-            fn(doc)
-        finally:
-            doc[name]["seconds"] = time.perf_counter() - t0
-
-    return body
-
-
-def main():
-    errors = []
-    budget = bench.Budget.from_env(errors)
-
-    def body(run):
-        run.errors.extend(errors)
-        try:
-            jax_smoke.force_host_devices()
-            jax = run.load("jax")
-            if jax is None:
-                return
-            state = {}
-            run.section("versions", 60, lambda doc: jax_smoke.collect_versions(jax, doc["versions"], doc["errors"]))  # fmt: skip
-            run.section("devices", 60, lambda doc: collect_devices(jax, doc))
-            sections = {
-                "throughput": lambda doc: run_throughput(jax, doc, budget, state),
-                "compile": lambda doc: run_compile(jax, doc, budget),
-                "batch": lambda doc: run_batch(jax, doc, budget),
-                "loader": lambda doc: run_loader(jax, doc, budget, state),
-                "allreduce": lambda doc: run_allreduce(jax, doc, budget),
-            }
-            for name, fn in sections.items():
-                run.section(name, budget.share(name) + bench.SECTION_GRACE_S, timed(name, fn))
-        finally:
-            run.doc["skipped"] = list(budget.skipped)
-
-    harness.main(
-        PAYLOAD,
-        body,
-        parts=bench.bench_parts(),
-        checks=(),
-        extra={"bench_version": bench.BENCH_VERSION, "budget_s": budget.total_s},
-        total_s=budget.total_s + bench.MARGIN_S,
+            "throughput": functools.partial(run_throughput, state),
+            "compile": functools.partial(run_compile, state),
+            "batch": functools.partial(run_batch, state),
+            "loader": functools.partial(run_loader, state),
+            "allreduce": functools.partial(run_allreduce, state),
+        },
     )
 
 
 if __name__ == "__main__":
-    main()
+    bench.main(PAYLOAD, benchmark)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """envbuild smoke payload for JAX images.
 
-Copied into a container beside smoke_harness.py and run as ``python3
-jax_smoke.py``.  The harness prints exactly one JSON document on stdout (all
-other output, including anything JAX, XLA or NCCL write to fd 1, is diverted
-to stderr), in the same shape for every framework, and exits 0 when every
-check passed, 1 otherwise; this file is the JAX part alone.
+Copied into a container with the other payload modules and run as ``python3 jax_smoke.py``.
+The harness (smoke_harness.py) prints exactly one JSON document on stdout (all other output,
+including anything JAX, XLA or NCCL write to fd 1, is diverted to stderr), in the same shape
+for every framework, and exits 0 when every check passed, 1 otherwise; this file is the JAX
+part alone.
 
 Sections:
   * versions / devices  -- what the image and the machine provide;
@@ -18,8 +18,9 @@ Sections:
                            SUM of (index+1) must equal n(n+1)/2 everywhere;
                            bandwidth is measured as in nccl-tests.
 
-Only the standard library, the harness, jax (with jax.numpy) and numpy (a
-jax dependency) are used.  Every section runs under the harness's deadline: a
+Only the standard library, the sibling payload modules (smoke_verdicts.py
+judges what the sections measured), jax (with jax.numpy) and numpy (a jax
+dependency) are used.  Every section runs under the harness's deadline: a
 section that hangs is reported and the payload still prints its report and
 exits.
 
@@ -33,7 +34,10 @@ import sys
 import time
 import traceback
 
+import package_imports
+import payload_versions
 import smoke_harness as harness
+import smoke_verdicts as verdicts
 from smoke_harness import describe_exc, log
 
 PAYLOAD = "jax"
@@ -58,11 +62,7 @@ def force_host_devices():
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if HOST_DEVICE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICE_FLAG}={harness.CPU_WORLD_SIZE}".strip()
-
-
-# --------------------------------------------------------------------------
-# versions and devices
+        os.environ["XLA_FLAGS"] = f"{flags} {HOST_DEVICE_FLAG}={verdicts.CPU_WORLD_SIZE}".strip()
 
 
 def cuda_version_string(v):
@@ -133,8 +133,8 @@ def collect_versions(jax, versions, errors):
         return
     probes = (
         ("cuda", "cuda_runtime_get_version", cuda_version_string),
-        ("cudnn", "cudnn_get_version", harness.cudnn_version_from),
-        ("nccl", "nccl_get_version", harness.nccl_version_from),
+        ("cudnn", "cudnn_get_version", payload_versions.cudnn_version_from),
+        ("nccl", "nccl_get_version", payload_versions.nccl_version_from),
     )
     for key, fn_name, fmt in probes:
         fn = getattr(mod, fn_name, None)
@@ -168,10 +168,6 @@ def collect_devices(jax):
             entry["cores"] = os.cpu_count()
         devices.append(entry)
     return devices
-
-
-# --------------------------------------------------------------------------
-# training step
 
 
 def run_train(jax, train, lr=None):
@@ -215,7 +211,7 @@ def run_train(jax, train, lr=None):
     jax.block_until_ready(params)
     train["seconds"] = time.perf_counter() - t0
 
-    harness.judge_losses(train, losses)
+    verdicts.judge_losses(train, losses)
 
 
 def _mlp_params(jax, sizes, key):
@@ -260,10 +256,6 @@ def _sgd_step(jax, compute_dtype):
     return step
 
 
-# --------------------------------------------------------------------------
-# what training really does: a compiled step, a numpy data iterator, a checkpoint, numpy
-
-
 def _regression(jax, n, d_in, seed):
     import jax.numpy as jnp
 
@@ -294,7 +286,7 @@ def run_compile(jax, part, steps=COMPILE_STEPS):
         params, velocity, loss = compiled(params, velocity, x, y, lr)
         losses.append(float(loss))
     part["step_ms"] = (time.perf_counter() - t1) * 1000.0 / steps
-    harness.judge_losses(part, losses)
+    verdicts.judge_losses(part, losses)
 
 
 def run_loader(jax, part):
@@ -328,7 +320,7 @@ def run_loader(jax, part):
     seconds = time.perf_counter() - t0
     part["batches_per_s"] = part["batches"] / seconds if seconds > 0 else None
     window = max(1, len(losses) // 4)
-    harness.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
+    verdicts.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
 
 
 def run_checkpoint(jax, part, steps=CHECKPOINT_STEPS):
@@ -367,7 +359,7 @@ def run_checkpoint(jax, part, steps=CHECKPOINT_STEPS):
         _, resumed = train(jax.tree_util.tree_unflatten(tree, loaded), steps)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    harness.judge_checkpoint(part, before, uninterrupted, resumed, tolerance=1e-4)
+    verdicts.judge_checkpoint(part, before, uninterrupted, resumed, tolerance=1e-4)
 
 
 def run_numpy(jax, part):
@@ -384,14 +376,10 @@ def run_numpy(jax, part):
         "dtype": device_array.dtype == jnp.float32 and back.dtype == numpy.float32,
         "values": bool(numpy.array_equal(back, array * 2)),
     }
-    harness.judge_round_trip(part, checks)
+    verdicts.judge_round_trip(part, checks)
 
 
-# --------------------------------------------------------------------------
-# all-reduce
-
-
-def _shard_map_allreduce(jax, devs, elements):
+def shard_map_allreduce(jax, devs, elements):
     """(fn, make) with fn a jitted psum over a 1-d Mesh of ``devs``."""
     import jax.numpy as jnp
     import numpy as np
@@ -419,7 +407,7 @@ def _shard_map_allreduce(jax, devs, elements):
     return fn, make
 
 
-def _pmap_allreduce(jax, devs, elements):
+def pmap_allreduce(jax, devs, elements):
     """(fn, make) with fn a pmapped psum over ``devs``."""
     import numpy as np
 
@@ -433,7 +421,7 @@ def _pmap_allreduce(jax, devs, elements):
     return fn, make
 
 
-def _check_sum(jnp, arr, expected):
+def check_sum(jnp, arr, expected):
     """Check every shard of ``arr`` on its own device; (correct, got)."""
     shards = getattr(arr, "addressable_shards", None)
     datas = [s.data for s in shards] if shards else [arr]
@@ -451,13 +439,13 @@ def run_allreduce(jax, ar, errors, versions):
 
     devs = jax.devices()
     backend = "nccl" if gpu_backend(jax) else "cpu"
-    elements, warmup, iters = harness.plan_allreduce(ar, backend, gpu=backend == "nccl")
+    elements, warmup, iters = verdicts.plan_allreduce(ar, backend, gpu=backend == "nccl")
     world = len(devs)
-    expected = harness.allreduce_world(ar, world)
-    if backend == "cpu" and world < harness.CPU_WORLD_SIZE:
+    expected = verdicts.allreduce_world(ar, world)
+    if backend == "cpu" and world < verdicts.CPU_WORLD_SIZE:
         errors.append(
             f"allreduce: only {world} host device(s) although XLA_FLAGS asks for "
-            f"{harness.CPU_WORLD_SIZE} ({os.environ.get('XLA_FLAGS', '')!r}); "
+            f"{verdicts.CPU_WORLD_SIZE} ({os.environ.get('XLA_FLAGS', '')!r}); "
             "was jax imported earlier?"
         )
 
@@ -467,18 +455,18 @@ def run_allreduce(jax, ar, errors, versions):
     # shard_map on a Mesh is the current API; jax.pmap (deprecated in newer
     # releases) is the fallback for a jax where shard_map does not work.
     try:
-        fn, make = _shard_map_allreduce(jax, devs, elements)
+        fn, make = shard_map_allreduce(jax, devs, elements)
         first_out = jax.block_until_ready(fn(make(ones_fill)))
         ar["method"] = "shard_map/psum"
     except Exception as exc:
         log(f"shard_map all-reduce failed, trying pmap: {describe_exc(exc)}")
         traceback.print_exc(file=sys.stderr)
-        fn, make = _pmap_allreduce(jax, devs, elements)
+        fn, make = pmap_allreduce(jax, devs, elements)
         first_out = jax.block_until_ready(fn(make(ones_fill)))
         ar["method"] = f"pmap/psum (shard_map failed: {describe_exc(exc)[:200]})"
 
     # correctness on fresh buffers
-    correct1, got1 = _check_sum(jnp, first_out, expected)
+    correct1, got1 = check_sum(jnp, first_out, expected)
     del first_out
 
     # bandwidth (values are irrelevant; zeros cannot overflow).  Each
@@ -495,15 +483,12 @@ def run_allreduce(jax, ar, errors, versions):
     del buf
 
     # correctness again after the collective has been used repeatedly
-    correct2, got2 = _check_sum(jnp, jax.block_until_ready(fn(make(ones_fill))), expected)
+    correct2, got2 = check_sum(jnp, jax.block_until_ready(fn(make(ones_fill))), expected)
 
-    harness.finish_allreduce(
+    verdicts.finish_allreduce(
         ar, errors, versions, backend=backend, seconds=seconds,
         first=(correct1, got1), last=(correct2, got2),
     )  # fmt: skip
-
-
-# --------------------------------------------------------------------------
 
 
 def smoke(run):
@@ -511,7 +496,7 @@ def smoke(run):
     jax = run.load("jax")
     if jax is None:
         return
-    run.doc["train"]["steps"] = harness.steps_from_env(run.errors)
+    run.doc["train"]["steps"] = verdicts.steps_from_env(run.errors)
     run.section("versions", 120, lambda doc: collect_versions(jax, doc["versions"], doc["errors"]))
     run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(jax)))
     run.section("train", 180, lambda doc: run_train(jax, doc["train"]))
@@ -521,7 +506,7 @@ def smoke(run):
         "checkpoint", 120, harness.timed("checkpoint", lambda part: run_checkpoint(jax, part))
     )
     run.section("numpy", 30, harness.timed("numpy", lambda part: run_numpy(jax, part)))
-    harness.packages_section(run)
+    package_imports.packages_section(run)
     run.section(
         "allreduce",
         240,
@@ -530,7 +515,7 @@ def smoke(run):
 
 
 def parts():
-    parts = harness.training_parts()
+    parts = verdicts.training_parts()
     parts["versions"]["jaxlib"] = None
     return parts
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """envbuild smoke payload for TensorFlow images.
 
-Copied into a container beside smoke_harness.py and run as ``python3
-tensorflow_smoke.py``.  The harness prints exactly one JSON document on stdout
-(all other output, including anything TensorFlow, Keras or NCCL write to fd 1,
-is diverted to stderr), in the same shape for every framework, and exits 0
-when every check passed, 1 otherwise; this file is the TensorFlow part alone.
+Copied into a container with the other payload modules and run as ``python3
+tensorflow_smoke.py``. The harness (smoke_harness.py) prints exactly one JSON document on
+stdout (all other output, including anything TensorFlow, Keras or NCCL write to fd 1, is
+diverted to stderr), in the same shape for every framework, and exits 0 when every check
+passed, 1 otherwise; this file is the TensorFlow part alone.
 
 Sections:
   * setup               -- before TensorFlow initializes its devices: GPU
@@ -21,7 +21,8 @@ Sections:
                            equal n(n+1)/2 everywhere; bandwidth is measured
                            as in nccl-tests.
 
-Only the standard library, the harness and tensorflow are used.  Every
+Only the standard library, the sibling payload modules (smoke_verdicts.py
+judges what the sections measured) and tensorflow are used.  Every
 section runs under the harness's deadline: a section that hangs is reported
 and the payload still prints its report and exits.
 
@@ -33,7 +34,9 @@ import os
 import platform
 import time
 
+import package_imports
 import smoke_harness as harness
+import smoke_verdicts as verdicts
 from smoke_harness import describe_exc, log
 
 PAYLOAD = "tensorflow"
@@ -45,10 +48,6 @@ CHECKPOINT_STEPS = 10
 LOADER_BATCHES = 16
 LOADER_BATCH = 64
 LOADER_FEATURES = 1024
-
-
-# --------------------------------------------------------------------------
-# setup, versions and devices
 
 
 def setup_devices(tf, state):
@@ -70,7 +69,7 @@ def setup_devices(tf, state):
     # CPU devices carved out of the one physical CPU.
     tf.config.set_logical_device_configuration(
         cpus[0],
-        [tf.config.LogicalDeviceConfiguration() for _ in range(harness.CPU_WORLD_SIZE)],
+        [tf.config.LogicalDeviceConfiguration() for _ in range(verdicts.CPU_WORLD_SIZE)],
     )
 
 
@@ -126,10 +125,6 @@ def collect_devices(tf):
     return devices
 
 
-# --------------------------------------------------------------------------
-# training step
-
-
 def run_train(tf, train, lr=None):
     """Fill ``train`` in place; raise on failure."""
     lr = LEARNING_RATE if lr is None else lr
@@ -179,11 +174,7 @@ def run_train(tf, train, lr=None):
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
-    harness.judge_losses(train, [float(v) for v in history.history.get("loss", [])])
-
-
-# --------------------------------------------------------------------------
-# what training really does: an XLA-compiled step, a tf.data pipeline, a checkpoint, numpy
+    verdicts.judge_losses(train, [float(v) for v in history.history.get("loss", [])])
 
 
 def _regression(tf, n, d_in, seed):
@@ -226,7 +217,7 @@ def run_compile(tf, part, steps=COMPILE_STEPS):
     for _ in range(steps - 1):
         losses.append(float(model.train_on_batch(x, y)))
     part["step_ms"] = (time.perf_counter() - t1) * 1000.0 / max(1, steps - 1)
-    harness.judge_losses(part, losses)
+    verdicts.judge_losses(part, losses)
 
 
 def run_loader(tf, part):
@@ -256,7 +247,7 @@ def run_loader(tf, part):
     part["batches_per_s"] = part["batches"] / seconds if seconds > 0 else None
     # The batches differ: compare the first and the last quarter's average loss.
     window = max(1, len(losses) // 4)
-    harness.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
+    verdicts.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
 
 
 def run_checkpoint(tf, part, steps=CHECKPOINT_STEPS):
@@ -295,7 +286,7 @@ def run_checkpoint(tf, part, steps=CHECKPOINT_STEPS):
         resumed = train(resumed_model, steps)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    harness.judge_checkpoint(part, before, uninterrupted, resumed, tolerance=1e-3)
+    verdicts.judge_checkpoint(part, before, uninterrupted, resumed, tolerance=1e-3)
 
 
 def run_numpy(tf, part):
@@ -311,11 +302,7 @@ def run_numpy(tf, part):
         "dtype": tensor.dtype == tf.float32 and back.dtype == numpy.float32,
         "values": bool(numpy.array_equal(back, array * 2)),
     }
-    harness.judge_round_trip(part, checks)
-
-
-# --------------------------------------------------------------------------
-# all-reduce
+    verdicts.judge_round_trip(part, checks)
 
 
 def _check_sum(tf, t, expected):
@@ -334,19 +321,19 @@ def run_allreduce(tf, ar, errors, versions):
         ar["method"] = "MirroredStrategy/NcclAllReduce"
     else:
         cpus = tf.config.list_logical_devices("CPU")
-        backend, devices = "cpu", [d.name for d in cpus[: harness.CPU_WORLD_SIZE]]
-        if len(devices) < harness.CPU_WORLD_SIZE:
+        backend, devices = "cpu", [d.name for d in cpus[: verdicts.CPU_WORLD_SIZE]]
+        if len(devices) < verdicts.CPU_WORLD_SIZE:
             raise RuntimeError(
-                f"need {harness.CPU_WORLD_SIZE} logical CPU devices for the all-reduce, "
+                f"need {verdicts.CPU_WORLD_SIZE} logical CPU devices for the all-reduce, "
                 f"TensorFlow has {len(cpus)} (setup failed?)"
             )
         cross_device_ops = tf.distribute.ReductionToOneDevice()
         ar["method"] = "MirroredStrategy/ReductionToOneDevice"
-    elements, warmup, iters = harness.plan_allreduce(ar, backend, gpu=backend == "nccl")
+    elements, warmup, iters = verdicts.plan_allreduce(ar, backend, gpu=backend == "nccl")
 
     strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_device_ops)
     world = int(strategy.num_replicas_in_sync)
-    expected = harness.allreduce_world(ar, world)
+    expected = verdicts.allreduce_world(ar, world)
 
     def per_replica(fill):
         # value_fn runs under each replica's device scope.
@@ -399,13 +386,10 @@ def run_allreduce(tf, ar, errors, versions):
     # correctness again after the collective has been used repeatedly
     correct2, got2 = check(allreduce(ones))
 
-    harness.finish_allreduce(
+    verdicts.finish_allreduce(
         ar, errors, versions, backend=backend, seconds=seconds,
         first=(correct1, got1), last=(correct2, got2),
     )  # fmt: skip
-
-
-# --------------------------------------------------------------------------
 
 
 def smoke(run):
@@ -413,7 +397,7 @@ def smoke(run):
     if tf is None:
         return
     state = {}
-    run.doc["train"]["steps"] = harness.steps_from_env(run.errors)
+    run.doc["train"]["steps"] = verdicts.steps_from_env(run.errors)
     run.section("setup", 120, lambda doc: setup_devices(tf, state))
     run.section("versions", 60, lambda doc: collect_versions(tf, doc["versions"]))
     run.section("devices", 60, lambda doc: doc["devices"].extend(collect_devices(tf)))
@@ -424,7 +408,7 @@ def smoke(run):
         "checkpoint", 120, harness.timed("checkpoint", lambda part: run_checkpoint(tf, part))
     )
     run.section("numpy", 30, harness.timed("numpy", lambda part: run_numpy(tf, part)))
-    harness.packages_section(run)
+    package_imports.packages_section(run)
     run.section(
         "allreduce",
         240,
@@ -436,7 +420,7 @@ if __name__ == "__main__":
     harness.main(
         PAYLOAD,
         smoke,
-        parts=harness.training_parts(),
+        parts=verdicts.training_parts(),
         checks=harness.TRAINING_CHECKS,
         # CUDA/cuDNN/NCCL versions are read only where a GPU is present: the host must not
         # expect them from a GPU-less run.

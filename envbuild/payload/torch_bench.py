@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """envbuild bench payload for PyTorch images: how fast this image trains on this host.
 
-Copied into the container beside smoke_harness.py, bench_harness.py and torch_smoke.py and run
-as ``python3 torch_bench.py``.  The smoke harness prints the one JSON document on stdout and
-gives each section a hard deadline; bench_harness fixes what every framework measures alike
-(the two models, ``measure``, the budget).  Each section keeps to its share of
-ENVBUILD_BENCH_BUDGET_S and records in ``skipped`` what it had no time for.
+Copied into the container with the other payload modules and run as ``python3 torch_bench.py``:
+``benchmark(run, budget)`` runs under bench_harness.main, which prints the one JSON document on
+stdout and gives each section a hard deadline; bench_harness fixes what every framework
+measures alike (the two models, ``measure``, the budget, the sweep's stop rules, the loader's
+per-sample work).  Each section keeps to its share of ENVBUILD_BENCH_BUDGET_S and records in
+``skipped`` what it had no time for.
 
 Sections:
   * versions / devices -- as the smoke payload reports them, and the host (CPU, memory, GPUs);
@@ -18,12 +19,13 @@ Sections:
   * allreduce  -- gloo between 2 CPU processes, or NCCL one process per GPU: seconds, algbw
                   and busbw per message size from 8 B to 256 MiB, each size's sum checked.
 
-Only the standard library, the harnesses, torch_smoke and torch are used.
+Only the standard library, the sibling payload modules (torch_smoke for the versions and
+devices, torch_ranks for the all-reduce's processes) and torch are used.
 """
 
 import contextlib
+import functools
 import gc
-import math
 import os
 import shutil
 import sys
@@ -34,6 +36,8 @@ import traceback
 
 import bench_harness as bench
 import smoke_harness as harness
+import smoke_verdicts as verdicts
+import torch_ranks
 import torch_smoke
 
 PAYLOAD = "torch_bench"
@@ -60,14 +64,8 @@ MIN_FIGURE_S = bench.MIN_REPS * bench.TARGET_REP_S
 # (when that much is left): on a short budget the first figures are measured, not none.
 MIN_PIECE_S = 3.0
 
-# Loader: a "decoded" 3x48x48 uint8 image per sample, randomly cropped to 32x32 and flipped,
-# then normalised per channel (ImageNet's mean and std).
-IMAGE_SIDE = 48
-CROP_SIDE = 32
-CHANNEL_MEAN = (0.485, 0.456, 0.406)
-CHANNEL_STD = (0.229, 0.224, 0.225)
+# Loader: bench_harness's per-sample work, in a Dataset read by DataLoader worker processes.
 LOADER_KIND = "torch.utils.data.DataLoader (worker processes)"
-LOADER_PREFETCH = 2  # batches each worker holds ready (DataLoader's default prefetch_factor)
 LOADER_TIMEOUT_S = 60.0  # one batch: a worker that died or hangs fails the section
 LOADER_LENGTH = 2**31 - 1  # samples: more than any timing reads, drawn lazily
 
@@ -79,33 +77,6 @@ ALLREDUCE_RESERVE_S = 3.0
 ALLREDUCE_GRACE_S = 20.0
 # Starting the ranks (spawn, import torch, the rendezvous) takes seconds: not tried with less.
 ALLREDUCE_MIN_S = 4.0
-ONE_RANK_NOTE = "one rank: no communication"
-
-
-# --------------------------------------------------------------------------
-# pure rules (unit-tested without torch)
-
-
-def point_seconds(step_s):
-    """About how long ``bench.measure`` takes for a step of ``step_s`` seconds: the warm-up
-    and sizing calls, then MIN_REPS repetitions of at least TARGET_REP_S each."""
-    return 2.0 * step_s + bench.MIN_REPS * max(bench.TARGET_REP_S, step_s)
-
-
-def memory_stop(next_batch, peak_bytes, available_bytes, rss_bytes):
-    """Why a CPU sweep stops before ``next_batch`` (its step would need about twice the last
-    point's peak, more than CPU_MEMORY_FRACTION of the memory this process may have), else None."""
-    if peak_bytes is None or available_bytes is None:
-        return None
-    room = available_bytes + (rss_bytes or 0)
-    need = 2 * peak_bytes
-    if need <= bench.CPU_MEMORY_FRACTION * room:
-        return None
-    return (
-        f"memory: batch {next_batch} would need about {need / 1e9:.1f} GB of "
-        f"{room / 1e9:.1f} GB available (a sweep stops at "
-        f"{bench.CPU_MEMORY_FRACTION:.0%} of it)"
-    )
 
 
 def allreduce_plan(once_s, left_s, sizes_left):
@@ -137,20 +108,6 @@ def size_text(nbytes):
     return f"{nbytes} B"
 
 
-def crop_offsets(draw, side=IMAGE_SIDE, crop=CROP_SIDE):
-    """The top-left corner of a random crop: ``draw(n)`` gives a uniform integer in [0, n)."""
-    return draw(side - crop + 1), draw(side - crop + 1)
-
-
-def loader_group(workers, prefetch=None):
-    """Batches per timed call of the loader: twice what its workers hold prefetched, plus one,
-    so that a call's time (the one measure() sizes its repetitions by, too) is mostly the
-    workers making batches rather than handing over ones made while nobody was reading."""
-    if prefetch is None:
-        prefetch = LOADER_PREFETCH
-    return 2 * prefetch * workers + 1
-
-
 def piece_seconds(left_s, figures_left):
     """The time one of ``figures_left`` figures may take of the ``left_s`` seconds left: an
     equal part, or MIN_PIECE_S when that is more (and is left)."""
@@ -166,19 +123,6 @@ def merge_figures(figures):
     merged["warmup_seconds"] = first["warmup_seconds"]
     merged["passes"] = len(figures)
     return merged
-
-
-def per_batch(figure, batch):
-    """A samples/s figure as batches/s (each sample divided by the batch)."""
-    out = bench.stats([s / batch for s in figure["samples"]], "batches/s")
-    for key in ("steps_per_rep", "warmup_seconds"):
-        if key in figure:
-            out[key] = figure[key]
-    return out
-
-
-# --------------------------------------------------------------------------
-# the models and their training step
 
 
 def build_model(torch, name, device):
@@ -288,7 +232,7 @@ class Trainer:
         return float(self.loss.detach().float().cpu().item())
 
 
-class Bench:
+class BenchState:
     """What the sections share: torch, the device, the budget, and figures to reuse."""
 
     def __init__(self, torch, budget):
@@ -357,7 +301,7 @@ def call_within(fn, then, seconds):
     thread.start()
     thread.join(max(0.0, seconds))
     if thread.is_alive():
-        if harness._interrupt(thread):
+        if harness.interrupt(thread):
             thread.join(COMPILE_STOP_S)
         if thread.is_alive():
             harness.log("the stopped compile is still running: the figures after it share the CPU")
@@ -367,54 +311,31 @@ def call_within(fn, then, seconds):
     return time.perf_counter() - t0
 
 
-def check_loss(trainer, where, errors):
-    """The last step's loss; a loss that is not finite is an error."""
-    loss = trainer.last_loss()
-    if not math.isfinite(loss):
-        errors.append(f"{where}: the loss is {loss!r}, not finite")
-    return loss
+def run_devices(state, doc):
+    """The devices as the smoke payload reports them, and the machine with torch's threads."""
+    doc["devices"].extend(torch_smoke.collect_devices(state.torch))
+    doc["machine"] = bench.machine_facts(doc["devices"])
+    doc["machine"]["torch_threads"] = state.torch.get_num_threads()
 
 
-# --------------------------------------------------------------------------
-# versions, devices, the machine
-
-
-def run_devices(b, doc):
-    devices = torch_smoke.collect_devices(b.torch)
-    doc["devices"].extend(devices)
-    machine = bench.cpu_facts()
-    machine["torch_threads"] = b.torch.get_num_threads()
-    gpus = [
-        {"name": d["name"], "memory_bytes": d["memory_bytes"], "capability": d["capability"]}
-        for d in devices
-        if d.get("kind") == "cuda"
-    ]
-    if gpus:
-        machine["gpus"] = gpus
-    doc["machine"] = machine
-
-
-# --------------------------------------------------------------------------
-# throughput
-
-
-def run_throughput(b, part, errors):
-    clock = bench.Clock(b.budget.share("throughput"))
-    torch = b.torch
+def run_throughput(state, doc, clock):
+    """Samples/s per model and precision at DEFAULT_BATCH, eager; two passes where time allows."""
+    part, errors = doc["throughput"], doc["errors"]
+    torch = state.torch
     batch = bench.DEFAULT_BATCH
     part.update(
         mode=EAGER_MODE,
         batch=batch,
-        device=b.device.type,
+        device=state.device.type,
         fp32_matmul_precision=torch.get_float32_matmul_precision(),
     )
     # fp32 first: the compile and loader sections reuse those figures.
     plan = [(m["name"], p) for p in bench.PRECISIONS for m in bench.MODELS]
-    todo = sum(1 for _, p in plan if b.unsupported(p) is None)
+    todo = sum(1 for _, p in plan if state.unsupported(p) is None)
     found, measured = {}, {}
     t0 = time.monotonic()
     for model, precision in plan:
-        why = b.unsupported(precision)
+        why = state.unsupported(precision)
         if why is not None:
             found[(model, precision)] = {"model": model, "precision": precision, "unsupported": why}
             continue
@@ -423,12 +344,12 @@ def run_throughput(b, part, errors):
         todo -= 1
         figure = None
         if piece.left() >= MIN_FIGURE_S:
-            trainer = Trainer(torch, model, precision, batch, b.device)
-            figure = b.train_figure(trainer, batch, piece)
+            trainer = Trainer(torch, model, precision, batch, state.device)
+            figure = state.train_figure(trainer, batch, piece)
         log_figure(f"throughput {model} {precision}", figure)
         if figure is None:
             why = "no time left in the budget"
-            b.budget.skip("throughput", f"{model} {precision}", why)
+            state.budget.skip("throughput", f"{model} {precision}", why)
             found[(model, precision)] = {"model": model, "precision": precision, "skipped": why}
             continue
         measured[(model, precision)] = (trainer, [figure])
@@ -441,14 +362,15 @@ def run_throughput(b, part, errors):
             break
         for index, (trainer, figures) in enumerate(measured.values()):
             piece = bench.Clock(piece_seconds(clock.left(), len(measured) - index))
-            figure = b.train_figure(trainer, batch, piece)
+            figure = state.train_figure(trainer, batch, piece)
             if figure is not None:
                 figures.append(figure)
     for (model, precision), (trainer, figures) in measured.items():
-        loss = check_loss(trainer, f"throughput: {model} {precision}", errors)
+        loss = trainer.last_loss()
+        bench.check_loss(errors, f"throughput: {model} {precision}", loss)
         figure = merge_figures(figures)
         log_figure(f"throughput {model} {precision}, {len(figures)} passes", figure)
-        b.figures[(model, precision)] = figure
+        state.figures[(model, precision)] = figure
         entry = {"model": model, "precision": precision, "batch": batch, "mode": EAGER_MODE}
         entry.update(figure)
         entry["loss"] = loss
@@ -456,11 +378,7 @@ def run_throughput(b, part, errors):
     part["results"].extend(found[(m["name"], p)] for m in bench.MODELS for p in bench.PRECISIONS)
 
 
-# --------------------------------------------------------------------------
-# compiled against eager
-
-
-def prepare_inductor(b, part):
+def prepare_inductor(state, part):
     """A fresh inductor cache (every kernel really is built here, none comes from an earlier
     run) and one compiling process (no worker pool on a small host; nothing threaded left
     behind for the loader's fork)."""
@@ -471,7 +389,7 @@ def prepare_inductor(b, part):
     part["compile_threads"] = 1
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     part["compiler"] = cxx
-    if not b.use_cuda and cxx is None:
+    if not state.use_cuda and cxx is None:
         raise RuntimeError("torch.compile needs a C++ compiler (g++) in the image: no g++ on PATH")
 
 
@@ -488,154 +406,106 @@ def compile_entry(model, eager):
     }
 
 
-def run_compile(b, part, errors):
-    clock = bench.Clock(b.budget.share("compile"))
-    torch = b.torch
-    part.update(eager_mode=EAGER_MODE, compiled_mode=COMPILED_MODE, device=b.device.type)
-    prepare_inductor(b, part)
+def run_compile(state, doc, clock):
+    """Per model: eager (the throughput section's figure) against torch.compile, the first
+    compiled step's time apart."""
+    part, errors = doc["compile"], doc["errors"]
+    torch = state.torch
+    part.update(eager_mode=EAGER_MODE, compiled_mode=COMPILED_MODE, device=state.device.type)
+    prepare_inductor(state, part)
     batch = bench.DEFAULT_BATCH
     guess = COMPILE_GUESS_S
     models = [m["name"] for m in bench.MODELS]
     for index, model in enumerate(models):
-        entry = compile_entry(model, b.figures.get((model, "fp32")))
+        entry = compile_entry(model, state.figures.get((model, "fp32")))
         part["results"].append(entry)
         if entry["eager"] is None and clock.left() >= MIN_FIGURE_S:
             # The throughput section had no time for it: measured here, in a fair piece.
             piece = bench.Clock(piece_seconds(clock.left(), 2 * (len(models) - index)))
-            eager = Trainer(torch, model, "fp32", batch, b.device)
-            entry["eager"] = b.train_figure(eager, batch, piece)
+            eager = Trainer(torch, model, "fp32", batch, state.device)
+            entry["eager"] = state.train_figure(eager, batch, piece)
             log_figure(f"compile {model} eager", entry["eager"])
-        need = guess + point_seconds(0.0)
+        need = bench.point_seconds(0.0, guess)
         if clock.left() < need:
             why = (
                 f"compiling takes about {guess:.0f} s here and timing it "
-                f"{point_seconds(0.0):.0f} s more; {clock.left():.0f} s left"
+                f"{bench.point_seconds(0.0):.0f} s more; {clock.left():.0f} s left"
             )
             entry["skipped"] = why
-            b.budget.skip("compile", f"{model} torch.compile", why)
+            state.budget.skip("compile", f"{model} torch.compile", why)
             continue
-        trainer = Trainer(torch, model, "fp32", batch, b.device, compiled=True)
+        trainer = Trainer(torch, model, "fp32", batch, state.device, compiled=True)
         limit = clock.left() + COMPILE_OVERTIME_S
         try:
-            seconds = call_within(trainer.step, b.sync, limit)
+            seconds = call_within(trainer.step, state.sync, limit)
         except Exception as exc:
-            cause = torch_smoke._compiler_problem(exc, b.use_cuda)
+            cause = torch_smoke.compiler_problem(exc, state.use_cuda)
             if cause is None:
                 raise
             raise RuntimeError(f"{cause}: {harness.describe_exc(exc)}") from exc
         if seconds is None:
             why = f"compiling {model} took more than the {limit:.0f} s left; stopped"
             entry["skipped"] = why
-            b.budget.skip("compile", f"{model} torch.compile", why)
+            state.budget.skip("compile", f"{model} torch.compile", why)
             for rest in models[index + 1 :]:
                 why = f"no time left after compiling {model}"
-                later = compile_entry(rest, b.figures.get((rest, "fp32")))
+                later = compile_entry(rest, state.figures.get((rest, "fp32")))
                 later["skipped"] = why
                 part["results"].append(later)
-                b.budget.skip("compile", f"{rest} torch.compile", why)
+                state.budget.skip("compile", f"{rest} torch.compile", why)
             return
         entry["compile_seconds"] = guess = seconds
         harness.log(f"compile {model}: first compiled step in {seconds:.1f} s")
-        figure = b.train_figure(trainer, batch, clock)
+        figure = state.train_figure(trainer, batch, clock)
         log_figure(f"compile {model} compiled", figure)
         if figure is None:
             why = f"compiled in {guess:.0f} s; no time left to time the compiled step"
             entry["skipped"] = why
-            b.budget.skip("compile", f"{model} compiled step", why)
+            state.budget.skip("compile", f"{model} compiled step", why)
             continue
-        check_loss(trainer, f"compile: {model}", errors)
+        bench.check_loss(errors, f"compile: {model}", trainer.last_loss())
         entry["compiled"] = figure
         if entry["eager"] is not None and entry["eager"]["median"]:
             entry["speedup"] = figure["median"] / entry["eager"]["median"]
 
 
-# --------------------------------------------------------------------------
-# batch-size sweep
-
-
-def run_batch(b, part, errors):
-    clock = bench.Clock(b.budget.share("batch"))
-    part["memory"] = "torch.cuda.max_memory_allocated" if b.use_cuda else "peak RSS (VmHWM)"
-    precisions = [p for p in bench.PRECISIONS if b.unsupported(p) is None]
+def run_batch(state, doc, clock):
+    """Per precision, the transformer's samples/s and peak memory per batch size."""
+    part = doc["batch"]
+    part["memory"] = "torch.cuda.max_memory_allocated" if state.use_cuda else "peak RSS (VmHWM)"
+    model = bench.TRANSFORMER["name"]
+    precisions = [p for p in bench.PRECISIONS if state.unsupported(p) is None]
     for index, precision in enumerate(precisions):
-        # Each sweep an equal part of what is left.
-        piece = bench.Clock(clock.left() / (len(precisions) - index))
-        sweep = {
-            "model": bench.TRANSFORMER["name"],
-            "precision": precision,
-            "points": [],
-            "largest_fit": None,
-            "largest_fit_peak_bytes": None,
-            "stopped": None,
-        }
+        sweep = bench.new_sweep(model, precision)
         part["sweeps"].append(sweep)
-        run_sweep(b, sweep, piece, errors)
+        trainer = Trainer(state.torch, model, precision, bench.BATCH_START, state.device)
+        bench.run_sweep(
+            sweep,
+            # Each sweep an equal part of what is left.
+            bench.Clock(clock.left() / (len(precisions) - index)),
+            state.budget,
+            functools.partial(measure_point, state, trainer, errors=doc["errors"]),
+            first_setup_s=0.0,
+            on_cpu=not state.use_cuda,
+        )
 
 
-def run_sweep(b, sweep, clock, errors):
-    """Fill ``sweep``: batches BATCH_START, x2, ... until memory, time or BATCH_MAX stops it."""
-    torch = b.torch
-    model, precision = sweep["model"], sweep["precision"]
-    trainer = Trainer(torch, model, precision, bench.BATCH_START, b.device)
-    batch, step_s = bench.BATCH_START, None
-    while True:
-        if batch > bench.BATCH_MAX:
-            sweep["stopped"] = f"reached the largest batch tried, {bench.BATCH_MAX}"
-            return
-        late = None  # why there is no time for this batch
-        if step_s is not None:
-            need = point_seconds(2.0 * step_s)  # the step's time roughly doubles with the batch
-            if need > clock.left():
-                late = (
-                    f"batch {batch} would need about {need:.0f} s, "
-                    f"{clock.left():.0f} s left of the sweep's share"
-                )
-        elif clock.left() < MIN_FIGURE_S:
-            late = f"no time left for batch {batch}"
-        if late is None:
-            point, oom = measure_point(b, trainer, batch, clock)
-            if oom:
-                sweep["stopped"] = f"out of memory at batch {batch}"
-                return
-            if point is None:
-                late = f"the sweep's share ran out at batch {batch}"
-        if late is not None:
-            sweep["stopped"] = "time: " + late
-            b.budget.skip("batch", f"{model} {precision} batch {batch} and larger", late)
-            return
-        check_loss(trainer, f"batch: {model} {precision} batch {batch}", errors)
-        sweep["points"].append(point)
-        sweep["largest_fit"] = batch
-        sweep["largest_fit_peak_bytes"] = point["peak_bytes"]
-        step_s = batch / point["median"]
-        if not b.use_cuda:
-            why = memory_stop(
-                2 * batch,
-                point["peak_bytes"],
-                bench.available_memory_bytes(),
-                bench.rss_bytes(),
-            )
-            if why is not None:
-                sweep["stopped"] = why
-                return
-        batch *= 2
-
-
-def measure_point(b, trainer, batch, clock):
-    """({"batch", **figure, "peak_bytes"} or None when the clock ran out, ran out of GPU memory)."""
-    torch = b.torch
+def measure_point(state, trainer, batch, clock, *, errors):
+    """One point of a sweep, ``{"batch", **figure, "peak_bytes"}``, or why the sweep stops at
+    ``batch`` (out of GPU memory, out of time)."""
+    torch = state.torch
     oom = False
     figure = None
     try:
         trainer.use_batch(batch)
         gc.collect()
-        if b.use_cuda:
+        if state.use_cuda:
             torch.cuda.reset_peak_memory_stats()
         else:
             bench.reset_peak_rss()
-        figure = b.train_figure(trainer, batch, clock)
+        figure = state.train_figure(trainer, batch, clock)
     except torch.cuda.OutOfMemoryError:
-        if not b.use_cuda:
+        if not state.use_cuda:
             raise
         oom = True
     if oom:
@@ -643,31 +513,30 @@ def measure_point(b, trainer, batch, clock):
         trainer.release()
         gc.collect()
         torch.cuda.empty_cache()
-        return None, True
-    log_figure(f"batch {trainer.name} {trainer.precision} {batch}", figure)
+        return f"out of memory at batch {batch}"
+    what = f"{trainer.name} {trainer.precision} batch {batch}"
+    log_figure(f"batch {what}", figure)
     if figure is None:
-        return None, False
-    peak = torch.cuda.max_memory_allocated() if b.use_cuda else bench.peak_rss_bytes()
+        return bench.late_point(batch)
+    bench.check_loss(errors, f"batch: {what}", trainer.last_loss())
+    peak = torch.cuda.max_memory_allocated() if state.use_cuda else bench.peak_rss_bytes()
     point = {"batch": batch}
     point.update(figure)
     point["peak_bytes"] = peak
-    return point, False
-
-
-# --------------------------------------------------------------------------
-# data loading
+    return point
 
 
 class _ImageSamples:
-    """Map-style samples: a "decoded" uint8 image from the sample's index (seeded), randomly
-    cropped and flipped, normalised per channel; made a torch Dataset in run_loader."""
+    """Map-style samples, bench_harness's per-sample work: a "decoded" uint8 image from the
+    sample's index (seeded), randomly cropped and flipped, normalised per channel; made a torch
+    Dataset in run_loader."""
 
     def __init__(self, torch, length):
         self.torch = torch
         self.length = length
         self.classes = bench.CONV["classes"]
-        self.mean = torch.tensor(CHANNEL_MEAN).view(3, 1, 1)
-        self.std = torch.tensor(CHANNEL_STD).view(3, 1, 1)
+        self.mean = torch.tensor(bench.LOADER_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(bench.LOADER_STD).view(3, 1, 1)
 
     def __len__(self):
         return self.length
@@ -675,16 +544,17 @@ class _ImageSamples:
     def __getitem__(self, index):
         torch = self.torch
         gen = torch.Generator().manual_seed(DATA_SEED + index)
-        image = torch.randint(0, 256, (3, IMAGE_SIDE, IMAGE_SIDE), dtype=torch.uint8, generator=gen)
+        side, crop_side = bench.LOADER_IMAGE_SIDE, bench.LOADER_CROP_SIDE
+        image = torch.randint(0, 256, (3, side, side), dtype=torch.uint8, generator=gen)
 
         def draw(n):
             return int(torch.randint(0, n, (1,), generator=gen))
 
-        top, left = crop_offsets(draw)
-        crop = image[:, top : top + CROP_SIDE, left : left + CROP_SIDE]
+        top, left = bench.crop_offsets(draw)
+        crop = image[:, top : top + crop_side, left : left + crop_side]
         if draw(2):
             crop = crop.flip(2)
-        x = (crop.to(torch.float32) / 255.0 - self.mean) / self.std
+        x = (crop.to(torch.float32) - self.mean) / self.std
         return x, index % self.classes
 
 
@@ -696,14 +566,14 @@ def loader_figure(torch, dataset, workers, clock):
         # fork, what torch users on Linux get by default up to Python 3.13.
         options = {
             "multiprocessing_context": "fork",
-            "prefetch_factor": LOADER_PREFETCH,
+            "prefetch_factor": bench.LOADER_PREFETCH,
             "timeout": LOADER_TIMEOUT_S,
         }
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=bench.DEFAULT_BATCH, shuffle=False, num_workers=workers, **options
     )
     batches = iter(loader)
-    group = loader_group(workers)
+    group = bench.loader_group(workers)
 
     def read():
         for _ in range(group):
@@ -718,24 +588,26 @@ def loader_figure(torch, dataset, workers, clock):
                 shutdown()
 
 
-def run_loader(b, part, errors):
-    clock = bench.Clock(b.budget.share("loader"))
-    torch = b.torch
+def run_loader(state, doc, clock):
+    """DataLoader batches/s alone per worker count, against the conv step's rate."""
+    part = doc["loader"]
+    torch = state.torch
     batch = bench.DEFAULT_BATCH
-    part.update(kind=LOADER_KIND, batch=batch, sample=[3, CROP_SIDE, CROP_SIDE])
+    crop_side = bench.LOADER_CROP_SIDE
+    part.update(kind=LOADER_KIND, batch=batch, sample=[3, crop_side, crop_side])
     counts = bench.LOADER_WORKERS
-    step = b.figures.get(("conv", "fp32"))
+    step = state.figures.get(("conv", "fp32"))
     if step is None and clock.left() >= MIN_FIGURE_S:
         # The throughput section had no time for it: measured here, in a fair piece.
-        trainer = Trainer(torch, "conv", "fp32", batch, b.device)
-        step = b.train_figure(
+        trainer = Trainer(torch, "conv", "fp32", batch, state.device)
+        step = state.train_figure(
             trainer, batch, bench.Clock(piece_seconds(clock.left(), len(counts) + 1))
         )
     if step is None:
-        b.budget.skip("loader", "the conv step's rate", "no time left in the budget")
+        state.budget.skip("loader", "the conv step's rate", "no time left in the budget")
     else:
         part["step"] = {"model": "conv", "precision": "fp32", "batch": batch}
-        part["step"].update(per_batch(step, batch))
+        part["step"].update(bench.per_batch(step, batch))
     dataset_class = type("ImageSamples", (_ImageSamples, torch.utils.data.Dataset), {})
     dataset = dataset_class(torch, LOADER_LENGTH)
     for index, workers in enumerate(counts):
@@ -745,57 +617,24 @@ def run_loader(b, part, errors):
             figure = loader_figure(torch, dataset, workers, piece)
         log_figure(f"loader {workers} workers", figure)
         if figure is None:
-            b.budget.skip("loader", f"{workers} workers", "no time left in the budget")
+            state.budget.skip("loader", f"{workers} workers", "no time left in the budget")
             continue
         point = {"workers": workers}
         point.update(figure)
         part["points"].append(point)
 
 
-# --------------------------------------------------------------------------
-# all-reduce
-
-
-def _rank_main(rank, world, backend, port, sizes, deadline, conn):
+def _rank_main(rank, world, port, backend, sizes, deadline, conn):
     """One rank (spawned process): for each size in turn, check the sum once, then time
     repetitions; every decision is agreed among the ranks (an all-reduce of the slowest call
     and the least time left), so all of them run the same collectives.  ``deadline`` is on
     the monotonic clock, which every process of the machine shares.  Sends one dict."""
-    with contextlib.suppress(OSError):
-        os.dup2(2, 1)  # nothing from a child may reach the parent's stdout
-        sys.stdout = sys.stderr
     res = {"rank": rank, "ok": False, "points": [], "stopped": None, "error": None}
     try:
-        os.environ.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-        )
-        if backend == "gloo":
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-        else:
-            device = torch.device("cpu")
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )
+        torch, dist, device = torch_ranks.join_process_group(rank, world, port, backend, 60)
 
         def sync():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            torch_ranks.synchronize(torch, device)
 
         control = torch.zeros(2, dtype=torch.float64, device=device)
 
@@ -824,7 +663,7 @@ def _rank_main(rank, world, backend, port, sizes, deadline, conn):
             t = torch.full((elements,), float(rank + 1), dtype=torch.float32, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             sync()
-            correct, got = torch_smoke._check_sum(torch, t, expected)
+            correct, got = torch_ranks.check_sum(torch, t, expected)
             t.zero_()  # the timed sums: zeros cannot overflow
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             sync()
@@ -841,18 +680,11 @@ def _rank_main(rank, world, backend, port, sizes, deadline, conn):
                     f"{max(left, 0.0):.1f} s left",
                 }
                 break
-            samples = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-                sync()
-                samples.append((time.perf_counter() - t0) / calls)
             res["points"].append(
                 {
                     "bytes": last_bytes,
                     "calls": calls,
-                    "samples": samples,
+                    "samples": _sum_seconds(dist, t, calls, reps, sync),
                     "correct": bool(correct),
                     "got": got,
                 }
@@ -869,55 +701,16 @@ def _rank_main(rank, world, backend, port, sizes, deadline, conn):
         conn.close()
 
 
-def start_ranks(world, backend, sizes, deadline, wait_until):
-    """Spawn the ranks; {rank: result dict} of those that answered by ``wait_until``
-    (monotonic), and the ranks that did not (killed)."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
-    ctx = multiprocessing.get_context("spawn")
-    port = torch_smoke.free_port()
-    procs, readers, results = [], {}, {}
-    try:
-        for rank in range(world):
-            r, w = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_rank_main,
-                args=(rank, world, backend, port, sizes, deadline, w),
-                name=f"allreduce-rank{rank}",
-                daemon=True,
-            )
-            p.start()
-            w.close()
-            procs.append(p)
-            readers[r] = rank
-        while readers:
-            remaining = wait_until - time.monotonic()
-            if remaining <= 0:
-                break
-            for r in wait(list(readers), timeout=remaining):
-                rank = readers.pop(r)
-                try:
-                    results[rank] = r.recv()
-                except (EOFError, OSError):
-                    procs[rank].join(2.0)
-                    results[rank] = {
-                        "rank": rank,
-                        "ok": False,
-                        "points": [],
-                        "error": f"rank {rank}: process died without a result "
-                        f"(exitcode {procs[rank].exitcode})",
-                    }
-                finally:
-                    r.close()
-                if not results[rank].get("ok"):  # the others will likely hang: short grace
-                    wait_until = min(wait_until, time.monotonic() + 10.0)
-        missing = sorted(readers.values())
-    finally:
-        for r in list(readers):
-            r.close()
-        torch_smoke._stop(procs)
-    return results, missing
+def _sum_seconds(dist, t, calls, reps, sync):
+    """Seconds per all-reduce of ``t``: one sample per repetition of ``calls`` all-reduces."""
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        sync()
+        samples.append((time.perf_counter() - t0) / calls)
+    return samples
 
 
 def combine_points(results, world):
@@ -946,20 +739,21 @@ def combine_points(results, world):
         if not point["correct"]:
             point["got"] = next(m["got"] for m in mine if not m["correct"])
         if world == 1:
-            point["note"] = ONE_RANK_NOTE
+            point["note"] = bench.ONE_RANK_NOTE
         points.append(point)
     return points
 
 
-def run_allreduce(b, part, errors):
-    clock = bench.Clock(b.budget.share("allreduce"))
-    torch = b.torch
+def run_allreduce(state, doc, clock):
+    """Seconds, algbw and busbw per message size between the ranks, each size's sum checked."""
+    part, errors = doc["allreduce"], doc["errors"]
+    torch = state.torch
     import torch.distributed as dist
 
-    if b.use_cuda:
+    if state.use_cuda:
         backend, world = "nccl", torch.cuda.device_count()
     else:
-        backend, world = "gloo", harness.CPU_WORLD_SIZE
+        backend, world = "gloo", verdicts.CPU_WORLD_SIZE
     part.update(backend=backend, world_size=world, dtype="float32")
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this build")
@@ -968,10 +762,12 @@ def run_allreduce(b, part, errors):
     sizes = list(bench.ALLREDUCE_SIZES)
     if clock.left() < ALLREDUCE_MIN_S:
         why = f"starting the ranks takes seconds; {clock.left():.0f} s left"
-        b.budget.skip("allreduce", "every size", why)
+        state.budget.skip("allreduce", "every size", why)
         return
     deadline = clock.end - ALLREDUCE_RESERVE_S
-    results, missing = start_ranks(world, backend, sizes, deadline, clock.end + ALLREDUCE_GRACE_S)
+    results, missing, _ = torch_ranks.run_ranks(
+        _rank_main, world, (backend, sizes, deadline), clock.end + ALLREDUCE_GRACE_S
+    )
     for rank in sorted(results):
         if results[rank].get("error"):
             errors.append("allreduce: " + results[rank]["error"])
@@ -995,56 +791,33 @@ def run_allreduce(b, part, errors):
         what = f"size {size_text(rest[0])}" + (
             f" to {size_text(rest[-1])}" if len(rest) > 1 else ""
         )
-        b.budget.skip("allreduce", what, stopped.get("why") or "no time left in the budget")
+        state.budget.skip("allreduce", what, stopped.get("why") or "no time left in the budget")
 
 
-# --------------------------------------------------------------------------
-
-
-def main():
-    errors = []
-    budget = bench.Budget.from_env(errors)
-
-    def section(run, b, name, fn):
-        def body(doc):
-            t0 = time.perf_counter()
-            try:
-                fn(b, doc[name], doc["errors"])
-            finally:
-                doc[name]["seconds"] = time.perf_counter() - t0
-
-        run.section(name, budget.share(name) + bench.SECTION_GRACE_S, body)
-
-    def body(run):
-        run.errors.extend(errors)
-        try:
-            torch = run.load("torch")
-            if torch is None:
-                return
-            b = Bench(torch, budget)
-            run.section(
-                "versions",
-                60,
-                lambda doc: torch_smoke.collect_versions(torch, doc["versions"], doc["errors"]),
-            )
-            run.section("devices", 60, lambda doc: run_devices(b, doc))
-            section(run, b, "throughput", run_throughput)
-            section(run, b, "compile", run_compile)
-            section(run, b, "batch", run_batch)
-            section(run, b, "loader", run_loader)
-            section(run, b, "allreduce", run_allreduce)
-        finally:
-            run.doc["skipped"] = list(budget.skipped)
-
-    harness.main(
-        PAYLOAD,
-        body,
-        parts=bench.bench_parts(),
-        checks=(),
-        extra={"bench_version": bench.BENCH_VERSION, "budget_s": budget.total_s},
-        total_s=budget.total_s + bench.MARGIN_S,
+def benchmark(run, budget):
+    """The bench on this image: versions and devices, then the five measured sections."""
+    torch = run.load("torch")
+    if torch is None:
+        return
+    state = BenchState(torch, budget)
+    run.section(
+        "versions",
+        60,
+        lambda doc: torch_smoke.collect_versions(torch, doc["versions"], doc["errors"]),
+    )
+    run.section("devices", 60, lambda doc: run_devices(state, doc))
+    bench.run_sections(
+        run,
+        budget,
+        {
+            "throughput": functools.partial(run_throughput, state),
+            "compile": functools.partial(run_compile, state),
+            "batch": functools.partial(run_batch, state),
+            "loader": functools.partial(run_loader, state),
+            "allreduce": functools.partial(run_allreduce, state),
+        },
     )
 
 
 if __name__ == "__main__":
-    main()
+    bench.main(PAYLOAD, benchmark)

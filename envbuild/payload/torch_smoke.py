@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """envbuild smoke payload for PyTorch images.
 
-Copied into a container beside smoke_harness.py and run as ``python3
-torch_smoke.py``.  The harness prints exactly one JSON document on stdout (all
-other output, including anything torch, NCCL or gloo write to fd 1, is
-diverted to stderr), gives every section a deadline, and exits 0 when every
-check passed, 1 otherwise; this file is the torch part alone.
+Copied into a container with the other payload modules and run as ``python3
+torch_smoke.py``. The harness (smoke_harness.py) prints exactly one JSON document on stdout
+(all other output, including anything torch, NCCL or gloo write to fd 1, is diverted to
+stderr), gives every section a deadline, and exits 0 when every check passed, 1 otherwise;
+smoke_verdicts.py judges what the sections measured, alike for every framework; this file is
+the torch part alone.
 
 Sections:
   * versions / devices  -- what the image and the machine provide;
@@ -28,9 +29,9 @@ Sections:
   * packages            -- every top-level module of every distribution in
                            the image's lock imports, in a child interpreter.
 
-Only the standard library, the harness, torch (and numpy, when installed) are used.  Every wait on a
-child process has a deadline; children that die or hang are killed and
-reported.
+Only the standard library, the sibling payload modules, torch (and numpy, when installed) are
+used.  Every wait on a child process has a deadline (torch_ranks.py runs the all-reduce's);
+children that die or hang are killed and reported.
 
 Knob: ENVBUILD_SMOKE_STEPS (optimizer steps, default 20, minimum 2).
 """
@@ -40,13 +41,16 @@ import math
 import os
 import platform
 import shutil
-import socket
 import sys
 import tempfile
 import time
 import traceback
 
+import package_imports
+import payload_versions
 import smoke_harness as harness
+import smoke_verdicts as verdicts
+import torch_ranks
 
 PAYLOAD = "torch"
 
@@ -54,7 +58,6 @@ PAYLOAD = "torch"
 # longer by the margin that stopping the children and reporting them needs.
 ALLREDUCE_TIMEOUT_S = 300.0
 ALLREDUCE_MARGIN_S = 30.0
-ALLREDUCE_GRACE_S = 15.0  # how long to wait for the others once a rank failed
 
 COMPILE_STEPS = 10
 CHECKPOINT_STEPS = 10
@@ -70,22 +73,20 @@ LOADER_FEATURES = 16384
 LOADER_TIMEOUT_S = 60.0  # one batch; a worker that died or hangs fails the section
 
 
-# --------------------------------------------------------------------------
-# versions and devices
-
-
 def collect_versions(torch, versions, errors):
     versions["framework"] = str(torch.__version__)
     versions["cuda"] = getattr(torch.version, "cuda", None)
     if torch.cuda.is_available():
         try:
             if torch.backends.cudnn.is_available():
-                versions["cudnn"] = harness.cudnn_version_from(torch.backends.cudnn.version())
+                versions["cudnn"] = payload_versions.cudnn_version_from(
+                    torch.backends.cudnn.version()
+                )
         except Exception as exc:
             errors.append("versions.cudnn: " + harness.describe_exc(exc))
     if versions["cuda"] is not None:
         try:
-            versions["nccl"] = harness.nccl_version_from(torch.cuda.nccl.version())
+            versions["nccl"] = payload_versions.nccl_version_from(torch.cuda.nccl.version())
         except Exception as exc:
             errors.append("versions.nccl: " + harness.describe_exc(exc))
 
@@ -114,10 +115,6 @@ def collect_devices(torch):
             }
         )
     return devices
-
-
-# --------------------------------------------------------------------------
-# training step
 
 
 def make_grad_scaler(torch):
@@ -193,95 +190,44 @@ def run_train(torch, train):
         torch.cuda.synchronize()
     train["seconds"] = time.perf_counter() - t0
 
-    harness.judge_losses(train, losses)
+    verdicts.judge_losses(train, losses)
 
 
-# --------------------------------------------------------------------------
-# all-reduce
-
-
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
-def _check_sum(torch, t, expected):
-    bad = t != expected
-    if not bool(bad.any()):
-        return True, float(expected)
-    idx = int(bad.reshape(-1).nonzero()[0].item())
-    return False, float(t.reshape(-1)[idx].item())
-
-
-def _allreduce_worker(rank, world, backend, port, elements, warmup, iters, conn):
-    """Child process body (spawn context).  Sends one dict through ``conn``."""
-    try:
-        os.dup2(2, 1)  # nothing from a child may reach the parent's stdout
-        sys.stdout = sys.stderr
-    except OSError:
-        pass
+def _allreduce_worker(rank, world, port, backend, elements, warmup, iters, conn):
+    """One rank (a spawned process): the sum checked on a fresh buffer, the bandwidth, the sum
+    checked again after the buffer was used repeatedly.  Sends one dict through ``conn``."""
     res = {"rank": rank, "ok": False, "correct": False, "got": None, "seconds": None, "error": None}
     try:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        os.environ["RANK"] = str(rank)
-        os.environ["LOCAL_RANK"] = str(rank)
-        os.environ["WORLD_SIZE"] = str(world)
-        if backend == "gloo":
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-        else:
-            device = torch.device("cpu")
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=ALLREDUCE_TIMEOUT_S / 2),
+        torch, dist, device = torch_ranks.join_process_group(
+            rank, world, port, backend, ALLREDUCE_TIMEOUT_S / 2
         )
-
-        def sync():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
         expected = world * (world + 1) / 2.0
         t = torch.empty(elements, dtype=torch.float32, device=device)
 
         # correctness on a fresh buffer
         t.fill_(rank + 1)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        sync()
-        correct1, got1 = _check_sum(torch, t, expected)
+        torch_ranks.synchronize(torch, device)
+        correct1, got1 = torch_ranks.check_sum(torch, t, expected)
 
         # bandwidth (values are irrelevant; zeros cannot overflow)
         t.zero_()
         for _ in range(warmup):
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        sync()
+        torch_ranks.synchronize(torch, device)
         dist.barrier()
-        sync()
+        torch_ranks.synchronize(torch, device)
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        sync()
+        torch_ranks.synchronize(torch, device)
         seconds = (time.perf_counter() - t0) / iters
 
         # correctness again after the buffer has been used repeatedly
         t.fill_(rank + 1)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        sync()
-        correct2, got2 = _check_sum(torch, t, expected)
+        torch_ranks.synchronize(torch, device)
+        correct2, got2 = torch_ranks.check_sum(torch, t, expected)
 
         res["correct"] = bool(correct1 and correct2)
         res["got"] = got1 if not correct1 else got2
@@ -292,39 +238,21 @@ def _allreduce_worker(rank, world, backend, port, elements, warmup, iters, conn)
     except BaseException as exc:  # report everything, even KeyboardInterrupt
         res["error"] = f"rank {rank}: {harness.describe_exc(exc)}"
         traceback.print_exc(file=sys.stderr)
-    try:
+    with contextlib.suppress(Exception):
         conn.send(res)
         conn.close()
-    except Exception:
-        pass
-
-
-def _stop(procs):
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5.0
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5.0)
 
 
 def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
     """Fill ``ar`` in place; append problems to ``errors``."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
     import torch.distributed as dist
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         backend, world = "nccl", torch.cuda.device_count()
     else:
-        backend, world = "gloo", harness.CPU_WORLD_SIZE
-    elements, warmup, iters = harness.plan_allreduce(ar, backend, gpu=backend == "nccl")
-    harness.allreduce_world(ar, world)
+        backend, world = "gloo", verdicts.CPU_WORLD_SIZE
+    elements, warmup, iters = verdicts.plan_allreduce(ar, backend, gpu=backend == "nccl")
+    verdicts.allreduce_world(ar, world)
 
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this build")
@@ -333,56 +261,12 @@ def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
     if backend == "gloo" and not dist.is_gloo_available():
         raise RuntimeError("gloo backend unavailable")
 
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs, readers, results, missing = [], {}, {}, []
-    failed = False
-    try:
-        for rank in range(world):
-            r, w = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_allreduce_worker,
-                args=(rank, world, backend, port, elements, warmup, iters, w),
-                name=f"allreduce-rank{rank}",
-                daemon=True,
-            )
-            p.start()
-            w.close()
-            procs.append(p)
-            readers[r] = rank
-
-        deadline = time.monotonic() + timeout_s
-        while readers:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for r in wait(list(readers), timeout=remaining):
-                rank = readers.pop(r)
-                try:
-                    res = r.recv()
-                except (EOFError, OSError):
-                    procs[rank].join(2.0)
-                    res = {
-                        "rank": rank,
-                        "ok": False,
-                        "correct": False,
-                        "got": None,
-                        "seconds": None,
-                        "error": f"rank {rank}: process died without a result "
-                        f"(exitcode {procs[rank].exitcode})",
-                    }
-                finally:
-                    r.close()
-                results[rank] = res
-                if not res.get("ok") and not failed:
-                    failed = True  # the others will likely hang: short grace
-                    deadline = min(deadline, time.monotonic() + ALLREDUCE_GRACE_S)
-        missing = sorted(readers.values())
-    finally:
-        for r in list(readers):
-            r.close()
-        _stop(procs)
-
+    results, missing, failed = torch_ranks.run_ranks(
+        _allreduce_worker,
+        world,
+        (backend, elements, warmup, iters),
+        time.monotonic() + timeout_s,
+    )
     for rank in sorted(results):
         if results[rank].get("error"):
             errors.append("allreduce: " + results[rank]["error"])
@@ -401,14 +285,10 @@ def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
             if not results[rank].get("correct"):
                 break
     if all_in:
-        harness.record_bandwidth(ar, max(r["seconds"] for r in results.values()))
-        harness.record_allreduce(ar, errors, correct=correct, got=got)
+        verdicts.record_bandwidth(ar, max(r["seconds"] for r in results.values()))
+        verdicts.record_allreduce(ar, errors, correct=correct, got=got)
     else:  # the missing or failed ranks are the errors already
         ar["got"] = got
-
-
-# --------------------------------------------------------------------------
-# what training really does: a compiled step, loader workers, a checkpoint, numpy, the packages
 
 
 def _regression(torch, n, d_in, seed):
@@ -429,7 +309,7 @@ def _mlp(torch, d_in, d_hidden, device):
     ).to(device)
 
 
-def _compiler_problem(exc, use_cuda):
+def compiler_problem(exc, use_cuda):
     """The cause, in a user's words, when torch.compile failed for want of a toolchain; else None."""
     text = f"{type(exc).__name__}: {exc}"
     if "Python.h" in text:
@@ -482,7 +362,7 @@ def run_compile(torch, part, steps=COMPILE_STEPS):
         try:
             loss = compiled(x, y)
         except Exception as exc:
-            cause = _compiler_problem(exc, use_cuda) if i == 0 else None
+            cause = compiler_problem(exc, use_cuda) if i == 0 else None
             if cause is None:
                 raise
             raise RuntimeError(f"{cause}: {harness.describe_exc(exc)}") from exc
@@ -494,7 +374,7 @@ def run_compile(torch, part, steps=COMPILE_STEPS):
             part["compile_seconds"] = time.perf_counter() - t0
             t1 = time.perf_counter()
     part["step_ms"] = (time.perf_counter() - t1) / max(1, steps - 1) * 1000.0
-    harness.judge_losses(part, losses)
+    verdicts.judge_losses(part, losses)
 
 
 class _SyntheticSamples:
@@ -577,7 +457,7 @@ def run_loader(torch, part):
         raise RuntimeError(f"batches came from workers {sorted(seen)}, expected 0..{workers - 1}")
     # The batches differ: the verdict compares the first and the last quarter's average loss.
     window = max(1, len(losses) // 4)
-    harness.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
+    verdicts.judge_losses(part, [sum(losses[:window]) / window, sum(losses[-window:]) / window])
 
 
 def run_checkpoint(torch, part, steps=CHECKPOINT_STEPS):
@@ -617,7 +497,7 @@ def run_checkpoint(torch, part, steps=CHECKPOINT_STEPS):
     resumed_opt.load_state_dict(state["optimizer"])
     expected = train(model, opt, steps)  # the uninterrupted run
     resumed = train(resumed_model, resumed_opt, steps)
-    harness.judge_checkpoint(part, before, expected, resumed)
+    verdicts.judge_checkpoint(part, before, expected, resumed)
 
 
 def run_numpy(torch, part):
@@ -642,12 +522,12 @@ def run_numpy(torch, part):
         "dtype": tensor.dtype == torch.float32 and back.dtype == numpy.float32,
         "values": bool(numpy.array_equal(back, array * 2)),
     }
-    harness.judge_round_trip(part, checks)
+    verdicts.judge_round_trip(part, checks)
 
 
 def training_parts():
     """The report's parts: the harness's training parts and what torch adds to them."""
-    parts = harness.training_parts()
+    parts = verdicts.training_parts()
     parts["compile"].update(compiler=None, vectorized=None)
     parts["loader"].update(
         workers=LOADER_WORKERS, shm_bytes=None, shm_free_bytes=None, workers_seen=[]
@@ -655,14 +535,11 @@ def training_parts():
     return parts
 
 
-# --------------------------------------------------------------------------
-
-
 def smoke(run):
     torch = run.load("torch")
     if torch is None:
         return
-    run.doc["train"]["steps"] = harness.steps_from_env(run.errors)
+    run.doc["train"]["steps"] = verdicts.steps_from_env(run.errors)
     run.section(
         "versions", 120, lambda doc: collect_versions(torch, doc["versions"], doc["errors"])
     )
@@ -675,7 +552,7 @@ def smoke(run):
     )
     run.section("numpy", 30, harness.timed("numpy", lambda part: run_numpy(torch, part)))
     run.section("compile", 240, harness.timed("compile", lambda part: run_compile(torch, part)))
-    harness.packages_section(run)
+    package_imports.packages_section(run)
 
     def allreduce(doc):
         # Leave the section the time to stop the children and report them.

@@ -33,7 +33,10 @@ def jb() -> Iterator[ModuleType]:
         yield importlib.import_module("jax_bench")
     finally:
         sys.path.remove(str(PAYLOAD))
-        for name in ("jax_bench", "jax_smoke", "smoke_harness", "bench_harness"):
+        for name in (
+            "jax_bench", "jax_smoke", "smoke_harness", "bench_harness", "smoke_verdicts",
+            "package_imports", "payload_versions",
+        ):  # fmt: skip
             sys.modules.pop(name, None)
 
 
@@ -55,7 +58,7 @@ def test_the_payload_imports_without_jax() -> None:
 
 
 def test_the_sweep_doubles_from_the_start_to_the_largest(jb: ModuleType) -> None:
-    batches = jb.sweep_batches()
+    batches = jb.bench.sweep_batches()
     assert batches[0] == bench.BATCH_START
     assert all(b * 2 == n for b, n in itertools.pairwise(batches))
     assert batches[-1] <= bench.BATCH_MAX < batches[-1] * 2
@@ -70,7 +73,7 @@ def test_the_sweep_doubles_from_the_start_to_the_largest(jb: ModuleType) -> None
 def test_memory_stops_a_sweep_exactly_when_twice_the_peak_passes_the_fraction(
     jb: ModuleType, peak: int, available: int, rss: int, batch: int
 ) -> None:
-    why = jb.memory_stop(batch, peak, available, rss)
+    why = jb.bench.memory_stop(batch, peak, available, rss)
     over = 2 * peak > bench.CPU_MEMORY_FRACTION * (available + rss)
     assert (why is not None) == over
     if why is not None:
@@ -83,15 +86,19 @@ def test_memory_stops_a_sweep_exactly_when_twice_the_peak_passes_the_fraction(
 def test_an_unknown_peak_or_memory_never_stops_a_sweep(
     jb: ModuleType, peak: int | None, available: int | None
 ) -> None:
-    assert jb.memory_stop(32, peak, available, GB) is None
+    assert jb.bench.memory_stop(32, peak, available, GB) is None
 
 
 @given(last=st.none() | st.floats(0.0, 1000.0), left=st.floats(0.0, 1000.0))
 def test_time_stops_a_sweep_when_the_next_point_would_not_fit(
     jb: ModuleType, last: float | None, left: float
 ) -> None:
-    why = jb.time_stop(256, last, left)
-    need = jb.FIRST_POINT_S if last is None else jb.SWEEP_GROWTH * last
+    # ``last``: the last point's step (None before the first point, which expects a warm-up).
+    if last is None:
+        need = jb.bench.point_seconds(0.0, jb.FIRST_WARMUP_S)
+    else:
+        need = jb.bench.next_point_seconds(last, 0.0)
+    why = jb.bench.time_stop(256, need, left)
     assert (why is None) == (need <= left)
     if why is not None:
         assert why.startswith("time: batch 256 would need about ")
@@ -166,7 +173,7 @@ def test_one_rank_has_no_bus_bandwidth_and_says_why(jb: ModuleType) -> None:
 def test_a_samples_figure_becomes_batches_per_second(jb: ModuleType) -> None:
     figure = bench.stats([640.0, 1280.0, 960.0], "samples/s")
     figure.update(steps_per_rep=4, warmup_seconds=2.0)
-    out = jb.per_batch(figure, 64)
+    out = jb.bench.per_batch(figure, 64)
     assert out["unit"] == "batches/s"
     assert out["samples"] == [10.0, 20.0, 15.0]
     assert out["median"] == 15.0
@@ -188,11 +195,11 @@ def test_a_loader_sample_is_a_normalised_crop_of_its_seeded_image(
     jb: ModuleType, np: ModuleType, index: int
 ) -> None:
     sample = jb.loader_sample(np, index)
-    assert sample.shape == (3, jb.LOADER_CROP, jb.LOADER_CROP)
+    assert sample.shape == (3, jb.bench.LOADER_CROP_SIDE, jb.bench.LOADER_CROP_SIDE)
     assert sample.dtype == np.float32
     # undoing the normalisation gives back uint8 pixel values
-    mean = np.asarray(jb.LOADER_MEAN, np.float32).reshape(3, 1, 1)
-    std = np.asarray(jb.LOADER_STD, np.float32).reshape(3, 1, 1)
+    mean = np.asarray(jb.bench.LOADER_MEAN, np.float32).reshape(3, 1, 1)
+    std = np.asarray(jb.bench.LOADER_STD, np.float32).reshape(3, 1, 1)
     pixels = sample * std + mean
     assert np.allclose(pixels, np.round(pixels), atol=1e-3)
     assert pixels.min() > -0.5
@@ -203,7 +210,7 @@ def test_a_loader_sample_is_a_normalised_crop_of_its_seeded_image(
 
 def test_a_loader_batch_stacks_its_samples(jb: ModuleType, np: ModuleType) -> None:
     images, labels = jb.loader_batch(3, batch=8)
-    assert images.shape == (8, 3, jb.LOADER_CROP, jb.LOADER_CROP)
+    assert images.shape == (8, 3, jb.bench.LOADER_CROP_SIDE, jb.bench.LOADER_CROP_SIDE)
     assert np.array_equal(images[5], jb.loader_sample(np, 3 * 8 + 5))
     assert labels.tolist() == [(24 + i) % 10 for i in range(8)]
 

@@ -7,6 +7,7 @@ way `smoke_image` injects it (`python3 FOLDER/x_smoke.py` importing `smoke_harne
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -15,7 +16,9 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from envbuild.core.resources import payload_dir
+from envbuild.payload import payload_versions
 from envbuild.payload import smoke_harness as harness
 from envbuild.smoke.checks import check_report
 from envbuild.smoke.runner import PAYLOAD_DIR, payload_files
@@ -31,8 +35,23 @@ from envbuild.smoke.runner import PAYLOAD_DIR, payload_files
 HANG_GUARD_S = 120
 
 
+PAYLOAD = Path(harness.__file__).parent
+
+
 def new_run(**kwargs: Any) -> harness.Run:
     return harness.Run("fake", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> Iterator[ModuleType]:
+    """smoke_verdicts.py as the container imports it (its siblings from its own folder)."""
+    sys.path.insert(0, str(PAYLOAD))
+    try:
+        yield importlib.import_module("smoke_verdicts")
+    finally:
+        sys.path.remove(str(PAYLOAD))
+        for name in ("smoke_verdicts", "smoke_harness", "package_imports", "payload_versions"):
+            sys.modules.pop(name, None)
 
 
 # --------------------------------------------------------------------------
@@ -276,27 +295,27 @@ def test_clean_json_output_is_always_strict_json(value: object) -> None:
     ],
 )
 def test_nccl_version_from_the_forms_frameworks_report(value: object, expected: str) -> None:
-    assert harness.nccl_version_from(value) == expected
+    assert payload_versions.nccl_version_from(value) == expected
 
 
 @given(st.integers(2, 9), st.integers(9, 99), st.integers(0, 99))
 def test_nccl_version_codes_round_trip(major: int, minor: int, patch: int) -> None:
     want = f"{major}.{minor}.{patch}"
-    assert harness.nccl_version_from(major * 10000 + minor * 100 + patch) == want
-    assert harness.nccl_version_from((major, minor, patch)) == want
-    assert harness.nccl_version_from(want) == want
+    assert payload_versions.nccl_version_from(major * 10000 + minor * 100 + patch) == want
+    assert payload_versions.nccl_version_from((major, minor, patch)) == want
+    assert payload_versions.nccl_version_from(want) == want
 
 
 @pytest.mark.parametrize(
     ("value", "expected"), [(90100, "9.1.0"), (91002, "9.10.2"), (8902, "8.9.2"), (None, None)]
 )
 def test_cudnn_version_from_its_integer_code(value: int | None, expected: str | None) -> None:
-    assert harness.cudnn_version_from(value) == expected
+    assert payload_versions.cudnn_version_from(value) == expected
 
 
-def test_a_falling_loss_is_recorded() -> None:
+def test_a_falling_loss_is_recorded(verdicts: ModuleType) -> None:
     train: dict[str, Any] = {"steps": 3}
-    harness.judge_losses(train, [1.5, 1.0, 0.5])
+    verdicts.judge_losses(train, [1.5, 1.0, 0.5])
     assert (train["loss_first"], train["loss_last"], train["loss_fell"]) == (1.5, 0.5, True)
 
 
@@ -305,10 +324,10 @@ def test_a_falling_loss_is_recorded() -> None:
     [[1.0, 1.0, 1.0], [1.0, 0.999999], [1.0, 2.0], [math.nan, 0.5], [1.0, math.nan], [1.0]],
     ids=["constant", "jitter", "rising", "nan-first", "nan-last", "one-step"],
 )
-def test_a_loss_that_did_not_fall_is_an_error(losses: list[float]) -> None:
+def test_a_loss_that_did_not_fall_is_an_error(verdicts: ModuleType, losses: list[float]) -> None:
     train: dict[str, Any] = {"steps": len(losses), "loss_fell": False}
     with pytest.raises(RuntimeError, match="loss"):
-        harness.judge_losses(train, losses)
+        verdicts.judge_losses(train, losses)
     assert train["loss_fell"] is False
 
 
@@ -316,22 +335,24 @@ def test_a_loss_that_did_not_fall_is_an_error(losses: list[float]) -> None:
     ("raw", "steps", "error"),
     [("", 20, False), ("7", 7, False), ("1", 20, True), ("many", 20, True), ("-3", 20, True)],
 )
-def test_the_steps_knob(monkeypatch: pytest.MonkeyPatch, raw: str, steps: int, error: bool) -> None:
+def test_the_steps_knob(
+    verdicts: ModuleType, monkeypatch: pytest.MonkeyPatch, raw: str, steps: int, error: bool
+) -> None:
     monkeypatch.setenv("ENVBUILD_SMOKE_STEPS", raw)
     errors: list[str] = []
-    assert harness.steps_from_env(errors) == steps
+    assert verdicts.steps_from_env(errors) == steps
     assert bool(errors) is error
     assert all(e.startswith("train: ValueError: bad ENVBUILD_SMOKE_STEPS=") for e in errors)
 
 
-def test_allreduce_bandwidth_and_verdict_follow_nccl_tests() -> None:
+def test_allreduce_bandwidth_and_verdict_follow_nccl_tests(verdicts: ModuleType) -> None:
     ar = harness.standard_parts()["allreduce"]
     errors: list[str] = []
-    elements, warmup, iters = harness.plan_allreduce(ar, "gloo", gpu=False)
-    assert harness.allreduce_world(ar, 4) == 10.0
-    harness.record_bandwidth(ar, 0.001)
-    harness.record_allreduce(ar, errors, correct=False, got=7.0)
-    assert (elements * 4, warmup, iters) == harness.CPU_ALLREDUCE
+    elements, warmup, iters = verdicts.plan_allreduce(ar, "gloo", gpu=False)
+    assert verdicts.allreduce_world(ar, 4) == 10.0
+    verdicts.record_bandwidth(ar, 0.001)
+    verdicts.record_allreduce(ar, errors, correct=False, got=7.0)
+    assert (elements * 4, warmup, iters) == verdicts.CPU_ALLREDUCE
     assert ar["algbw_gbps"] == pytest.approx(ar["bytes"] / 0.001 / 1e9)
     assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * 3 / 4)
     assert errors == ["allreduce: wrong result: expected 10.0 everywhere, got 7.0"]
@@ -346,14 +367,18 @@ def test_allreduce_bandwidth_and_verdict_follow_nccl_tests() -> None:
     ],
 )
 def test_finish_allreduce_judges_both_sums(
-    first: tuple[bool, float], last: tuple[bool, float], verdict: bool, shown: float
+    verdicts: ModuleType,
+    first: tuple[bool, float],
+    last: tuple[bool, float],
+    verdict: bool,
+    shown: float,
 ) -> None:
     ar = harness.standard_parts()["allreduce"]
-    harness.plan_allreduce(ar, "gloo", gpu=False)
-    harness.allreduce_world(ar, 2)
+    verdicts.plan_allreduce(ar, "gloo", gpu=False)
+    verdicts.allreduce_world(ar, 2)
     errors: list[str] = []
     versions: dict[str, object] = {}
-    harness.finish_allreduce(
+    verdicts.finish_allreduce(
         ar, errors, versions, backend="gloo", seconds=0.5, first=first, last=last
     )
     assert (ar["correct"], ar["got"], bool(errors)) == (verdict, shown, not verdict)
@@ -491,9 +516,9 @@ def test_the_injected_files_run_together(tmp_path: Path, framework: str) -> None
 # -- the verdicts every framework's training sections share -----------------------------------
 
 
-def test_a_checkpoint_that_resumes_where_it_stopped_passes() -> None:
+def test_a_checkpoint_that_resumes_where_it_stopped_passes(verdicts: ModuleType) -> None:
     part: dict[str, Any] = {}
-    harness.judge_checkpoint(part, [1.0, 0.8], [0.7, 0.6], [0.7, 0.6], tolerance=1e-4)
+    verdicts.judge_checkpoint(part, [1.0, 0.8], [0.7, 0.6], [0.7, 0.6], tolerance=1e-4)
     assert part["continued"] is True
     assert part["loss_fell"] is True
     assert (part["loss_before_save"], part["loss_after_resume"]) == (0.8, 0.7)
@@ -507,18 +532,18 @@ def test_a_checkpoint_that_resumes_where_it_stopped_passes() -> None:
     ],
 )
 def test_a_checkpoint_that_lost_state_or_stopped_learning_fails(
-    resumed: list[float], why: str
+    verdicts: ModuleType, resumed: list[float], why: str
 ) -> None:
     part: dict[str, Any] = {}
     uninterrupted = [resumed[0], 0.6] if why == "loss did not fall" else [0.7, 0.6]
     with pytest.raises(RuntimeError, match=why):
-        harness.judge_checkpoint(part, [1.0, 0.8], uninterrupted, resumed, tolerance=1e-4)
+        verdicts.judge_checkpoint(part, [1.0, 0.8], uninterrupted, resumed, tolerance=1e-4)
 
 
-def test_a_broken_numpy_round_trip_names_what_broke() -> None:
+def test_a_broken_numpy_round_trip_names_what_broke(verdicts: ModuleType) -> None:
     part: dict[str, Any] = {}
     with pytest.raises(RuntimeError, match="numpy interop is broken: dtype, values"):
-        harness.judge_round_trip(part, {"round_trip": True, "dtype": False, "values": False})
+        verdicts.judge_round_trip(part, {"round_trip": True, "dtype": False, "values": False})
     assert part["ok"] is False
-    harness.judge_round_trip(part, {"round_trip": True})
+    verdicts.judge_round_trip(part, {"round_trip": True})
     assert part["ok"] is True

@@ -29,7 +29,10 @@ def tfb() -> Iterator[ModuleType]:
         yield importlib.import_module("tensorflow_bench")
     finally:
         sys.path.remove(str(PAYLOAD))
-        for name in ("tensorflow_bench", "bench_harness", "smoke_harness"):
+        for name in (
+            "tensorflow_bench", "tensorflow_smoke", "bench_harness", "smoke_harness",
+            "smoke_verdicts", "package_imports",
+        ):  # fmt: skip
             sys.modules.pop(name, None)
 
 
@@ -39,7 +42,7 @@ def stop(tfb: ModuleType, batch: int, **kwargs: object) -> str | None:
         "seconds_left": 30.0, "next_s": 2.0,
     }  # fmt: skip
     args.update(kwargs)
-    result: str | None = tfb.sweep_stop(batch, **args)
+    result: str | None = tfb.bench.sweep_stop(batch, **args)
     return result
 
 
@@ -102,7 +105,7 @@ def test_the_time_rule_stops_when_the_next_point_would_not_fit(
 
 
 def test_a_fast_step_costs_its_setup_and_the_minimum_repetitions(tfb: ModuleType) -> None:
-    assert tfb.next_point_seconds(0.001, 1.5) == pytest.approx(
+    assert tfb.bench.next_point_seconds(0.001, 1.5) == pytest.approx(
         1.5 + 4 * 0.001 + bench.MIN_REPS * bench.TARGET_REP_S
     )
 
@@ -111,10 +114,10 @@ def test_a_fast_step_costs_its_setup_and_the_minimum_repetitions(tfb: ModuleType
 def test_the_estimate_grows_with_the_step_and_the_setup(
     tfb: ModuleType, step: float, setup: float, more: float
 ) -> None:
-    estimate = tfb.next_point_seconds(step, setup)
+    estimate = tfb.bench.next_point_seconds(step, setup)
     assert estimate >= setup + bench.MIN_REPS * bench.TARGET_REP_S
-    assert tfb.next_point_seconds(step + more, setup) >= estimate
-    assert tfb.next_point_seconds(step, setup + more) >= estimate
+    assert tfb.bench.next_point_seconds(step + more, setup) >= estimate
+    assert tfb.bench.next_point_seconds(step, setup + more) >= estimate
     # A slow step (a repetition is one step): the doubled step, run 2 + MIN_REPS times.
     if step * 2 >= bench.TARGET_REP_S:
         assert estimate == pytest.approx(setup + (2 + bench.MIN_REPS) * 2 * step)
@@ -144,13 +147,13 @@ def test_spread_pick_on_the_real_sizes(tfb: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------
-# figure_over
+# per_batch (bench_harness)
 
 
 def test_a_samples_per_second_figure_becomes_batches_per_second(tfb: ModuleType) -> None:
     figure = bench.stats([640.0, 1280.0, 960.0], "samples/s")
     figure.update(steps_per_rep=7, warmup_seconds=0.5)
-    scaled = tfb.figure_over(figure, 64, "batches/s")
+    scaled = tfb.bench.per_batch(figure, 64)
     assert scaled["unit"] == "batches/s"
     assert scaled["samples"] == [10.0, 20.0, 15.0]
     assert scaled["median"] == 15.0

@@ -17,7 +17,10 @@ import pytest
 from envbuild.payload import smoke_harness as harness
 
 PAYLOAD = Path(harness.__file__).parent
-LOADED = ("torch_bench", "torch_smoke", "bench_harness", "smoke_harness")
+LOADED = (
+    "torch_bench", "torch_smoke", "torch_ranks", "bench_harness", "smoke_harness",
+    "smoke_verdicts", "package_imports", "payload_versions",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +44,10 @@ def tb() -> Iterator[ModuleType]:
 
 def test_a_point_takes_at_least_its_minimum_repetitions(tb: ModuleType) -> None:
     bench = tb.bench
-    assert tb.point_seconds(0.0) == pytest.approx(bench.MIN_REPS * bench.TARGET_REP_S)
+    assert tb.bench.point_seconds(0.0) == pytest.approx(bench.MIN_REPS * bench.TARGET_REP_S)
     # A step longer than a repetition: warm-up, sizing call and MIN_REPS steps.
-    assert tb.point_seconds(2.0) == pytest.approx((2 + bench.MIN_REPS) * 2.0)
-    times = [tb.point_seconds(0.01 * 2**i) for i in range(12)]
+    assert tb.bench.point_seconds(2.0) == pytest.approx((2 + bench.MIN_REPS) * 2.0)
+    times = [tb.bench.point_seconds(0.01 * 2**i) for i in range(12)]
     assert times == sorted(times)
 
 
@@ -54,7 +57,7 @@ def test_the_memory_stop_leaves_a_sweep_running_while_twice_the_peak_fits(
 ) -> None:
     peak = peak_mb * 10**6
     available, rss = 16 * 10**9, 1 * 10**9  # half of 17 GB: 8.5 GB, twice 4.25 GB
-    assert tb.memory_stop(64, peak, available, rss) is None
+    assert tb.bench.memory_stop(64, peak, available, rss) is None
 
 
 @pytest.mark.parametrize(
@@ -64,7 +67,7 @@ def test_the_memory_stop_leaves_a_sweep_running_while_twice_the_peak_fits(
 def test_the_memory_stop_names_the_batch_the_need_and_the_room(
     tb: ModuleType, peak: int, available: int, rss: int | None
 ) -> None:
-    why = tb.memory_stop(2048, peak, available, rss)
+    why = tb.bench.memory_stop(2048, peak, available, rss)
     room = available + (rss or 0)
     assert why is not None
     assert why.startswith(
@@ -73,8 +76,8 @@ def test_the_memory_stop_names_the_batch_the_need_and_the_room(
 
 
 def test_the_memory_stop_cannot_judge_without_figures(tb: ModuleType) -> None:
-    assert tb.memory_stop(16, None, 10**9, 10**9) is None
-    assert tb.memory_stop(16, 10**12, None, 10**9) is None
+    assert tb.bench.memory_stop(16, None, 10**9, 10**9) is None
+    assert tb.bench.memory_stop(16, 10**12, None, 10**9) is None
 
 
 def test_a_figure_gets_an_equal_piece_or_the_floor(tb: ModuleType) -> None:
@@ -167,7 +170,7 @@ def test_one_rank_has_no_bus_bandwidth_and_says_why(tb: ModuleType) -> None:
     (point,) = tb.combine_points({0: rank_result([[1e-3, 1e-3, 1e-3]])}, 1)
     assert point["busbw_gbps"] == 0.0
     assert point["busbw"]["median"] == 0.0
-    assert point["note"] == tb.ONE_RANK_NOTE
+    assert point["note"] == tb.bench.ONE_RANK_NOTE
 
 
 def test_a_wrong_sum_is_kept_with_what_came_back(tb: ModuleType) -> None:
@@ -190,20 +193,23 @@ def draws() -> Iterator[Callable[[int], int]]:
 
 @pytest.mark.parametrize("draw", list(draws()))
 def test_the_random_crop_stays_inside_the_image(tb: ModuleType, draw: Callable[[int], int]) -> None:
-    top, left = tb.crop_offsets(draw)
+    top, left = tb.bench.crop_offsets(draw)
     for corner in (top, left):
         assert corner >= 0
-        assert corner + tb.CROP_SIDE <= tb.IMAGE_SIDE
+        assert corner + tb.bench.LOADER_CROP_SIDE <= tb.bench.LOADER_IMAGE_SIDE
 
 
 def test_the_crop_reaches_every_offset(tb: ModuleType) -> None:
-    assert tb.crop_offsets(lambda n: n - 1) == (tb.IMAGE_SIDE - tb.CROP_SIDE,) * 2
+    assert (
+        tb.bench.crop_offsets(lambda n: n - 1)
+        == (tb.bench.LOADER_IMAGE_SIDE - tb.bench.LOADER_CROP_SIDE,) * 2
+    )
 
 
 def test_a_step_figure_in_batches_per_second(tb: ModuleType) -> None:
     figure = tb.bench.stats([640.0, 320.0, 960.0], "samples/s")
     figure.update(steps_per_rep=4, warmup_seconds=0.5)
-    out = tb.per_batch(figure, 64)
+    out = tb.bench.per_batch(figure, 64)
     assert out["unit"] == "batches/s"
     assert out["samples"] == [10.0, 5.0, 15.0]
     assert out["median"] == 10.0
@@ -229,7 +235,9 @@ def test_passes_over_a_figure_merge_into_one_figure_of_all_their_samples(tb: Mod
 def test_a_timed_loader_call_reads_more_than_twice_the_prefetched_batches(
     tb: ModuleType, workers: int, prefetch: int
 ) -> None:
-    group = tb.loader_group(workers, prefetch)
+    group = tb.bench.loader_group(workers, prefetch)
     assert group > 2 * workers * prefetch
     assert group <= 2 * workers * prefetch + 1
-    assert tb.loader_group(workers) == tb.loader_group(workers, tb.LOADER_PREFETCH)
+    assert tb.bench.loader_group(workers) == tb.bench.loader_group(
+        workers, tb.bench.LOADER_PREFETCH
+    )

@@ -20,6 +20,12 @@ from envbuild.payload import smoke_harness as harness
 PAYLOAD = Path(harness.__file__).parent
 
 
+LOADED = (
+    "torch_smoke", "torch_ranks", "smoke_harness", "smoke_verdicts", "package_imports",
+    "payload_versions",
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def torch_smoke() -> Iterator[ModuleType]:
     """torch_smoke.py as the container imports it (`import smoke_harness` from its folder); it
@@ -29,8 +35,20 @@ def torch_smoke() -> Iterator[ModuleType]:
         yield importlib.import_module("torch_smoke")
     finally:
         sys.path.remove(str(PAYLOAD))
-        sys.modules.pop("torch_smoke", None)
-        sys.modules.pop("smoke_harness", None)
+        for name in LOADED:
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def imports() -> Iterator[ModuleType]:
+    """package_imports.py as the container imports it (`import smoke_harness` from its folder)."""
+    sys.path.insert(0, str(PAYLOAD))
+    try:
+        yield importlib.import_module("package_imports")
+    finally:
+        sys.path.remove(str(PAYLOAD))
+        for name in LOADED:
+            sys.modules.pop(name, None)
 
 
 # --------------------------------------------------------------------------
@@ -48,7 +66,7 @@ def block(name: str, version: str, *, extras: str = "", marker: str = "") -> str
     )
 
 
-def test_the_locks_pins_are_read_and_hash_and_comment_lines_skipped() -> None:
+def test_the_locks_pins_are_read_and_hash_and_comment_lines_skipped(imports: ModuleType) -> None:
     text = (
         "# envbuild lock for torch2.13.0-cpu-py3.11-bookworm\n# packages: six\n"
         + block("torch", "2.13.0+cpu")
@@ -57,7 +75,7 @@ def test_the_locks_pins_are_read_and_hash_and_comment_lines_skipped() -> None:
         + block("zope.interface", "7.0", marker='python_version >= "3.9"')
         + "\n"
     )
-    assert harness.lock_pins(text) == [
+    assert imports.lock_pins(text) == [
         ("torch", "2.13.0+cpu"),
         ("typing-extensions", "4.15.0"),
         ("Jinja2", "3.1.6"),
@@ -78,8 +96,8 @@ def test_the_locks_pins_are_read_and_hash_and_comment_lines_skipped() -> None:
         "\t torch==1.0 \\",
     ],
 )
-def test_lines_that_are_not_pins_give_none(line: str) -> None:
-    assert harness.lock_pins(line + "\n" + block("six", "1.17.0")) == [("six", "1.17.0")]
+def test_lines_that_are_not_pins_give_none(imports: ModuleType, line: str) -> None:
+    assert imports.lock_pins(line + "\n" + block("six", "1.17.0")) == [("six", "1.17.0")]
 
 
 # --------------------------------------------------------------------------
@@ -105,14 +123,14 @@ def install(site: Path, name: str, files: dict[str, str], *, top_level: str | No
     (site / info / "RECORD").write_text("".join(lines) + f"{info}/RECORD,,\n")
 
 
-def modules_of(site: Path, name: str) -> list[str]:
-    dist = harness.find_distribution(name, [str(site)])
+def modules_of(imports: ModuleType, site: Path, name: str) -> list[str]:
+    dist = imports.find_distribution(name, [str(site)])
     assert dist is not None, name
-    return harness.top_level_modules(dist)
+    return imports.top_level_modules(dist)
 
 
 def test_modules_come_from_the_record_without_metadata_caches_pth_scripts_or_private_names(
-    tmp_path: Path,
+    imports: ModuleType, tmp_path: Path
 ) -> None:
     install(
         tmp_path,
@@ -131,27 +149,31 @@ def test_modules_come_from_the_record_without_metadata_caches_pth_scripts_or_pri
     )
     # Any spelling of the name finds it, as a lock spells it.
     for spelling in ("team-tools", "team_tools", "Team-Tools"):
-        assert modules_of(tmp_path, spelling) == ["fastext", "single", "team_tools"]
+        assert modules_of(imports, tmp_path, spelling) == ["fastext", "single", "team_tools"]
 
 
-def test_top_level_txt_wins_but_only_names_that_were_installed(tmp_path: Path) -> None:
+def test_top_level_txt_wins_but_only_names_that_were_installed(
+    imports: ModuleType, tmp_path: Path
+) -> None:
     install(
         tmp_path,
         "withtop",
         {"realpkg/__init__.py": "", "realpkg/sub/mod.py": "", "other.py": ""},
         top_level="realpkg\nstale_name_never_installed\n\n",
     )
-    assert modules_of(tmp_path, "withtop") == ["realpkg"]
+    assert modules_of(imports, tmp_path, "withtop") == ["realpkg"]
 
 
-def test_private_names_are_kept_when_they_are_all_there_is(tmp_path: Path) -> None:
+def test_private_names_are_kept_when_they_are_all_there_is(
+    imports: ModuleType, tmp_path: Path
+) -> None:
     install(tmp_path, "only-private", {"_speedups/__init__.py": "", "_cffi_backend.py": ""})
-    assert modules_of(tmp_path, "only-private") == ["_cffi_backend", "_speedups"]
+    assert modules_of(imports, tmp_path, "only-private") == ["_cffi_backend", "_speedups"]
 
 
-def test_a_distribution_that_is_not_installed_is_none(tmp_path: Path) -> None:
+def test_a_distribution_that_is_not_installed_is_none(imports: ModuleType, tmp_path: Path) -> None:
     install(tmp_path, "present", {"present.py": ""})
-    assert harness.find_distribution("absent-dist", [str(tmp_path)]) is None
+    assert imports.find_distribution("absent-dist", [str(tmp_path)]) is None
 
 
 # --------------------------------------------------------------------------
@@ -175,9 +197,11 @@ def modules(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_each_import_is_judged_and_none_takes_the_runner_down(modules: Path) -> None:
+def test_each_import_is_judged_and_none_takes_the_runner_down(
+    imports: ModuleType, modules: Path
+) -> None:
     order = list(MODULES)
-    results = harness.import_modules(order, deadline_s=100, hang_s=3, path=[str(modules)])
+    results = imports.import_modules(order, deadline_s=100, hang_s=3, path=[str(modules)])
     assert list(results) == order  # all of them, in order, the later ones after the crashes
     assert results["good_one"] is None
     assert results["noisy"] is None  # what an import prints cannot corrupt the results
@@ -188,8 +212,10 @@ def test_each_import_is_judged_and_none_takes_the_runner_down(modules: Path) -> 
     assert results["hangs"] == "no result within 3 s (hung?), killed"
 
 
-def test_what_the_deadline_leaves_is_reported_as_not_tried(modules: Path) -> None:
-    results = harness.import_modules(
+def test_what_the_deadline_leaves_is_reported_as_not_tried(
+    imports: ModuleType, modules: Path
+) -> None:
+    results = imports.import_modules(
         ["hangs", "good_one"], deadline_s=2, hang_s=60, path=[str(modules)]
     )
     assert results["good_one"] is not None
@@ -197,11 +223,13 @@ def test_what_the_deadline_leaves_is_reported_as_not_tried(modules: Path) -> Non
     assert results["hangs"] is not None
 
 
-def test_a_broken_interpreter_fails_every_module_instead_of_looping(tmp_path: Path) -> None:
+def test_a_broken_interpreter_fails_every_module_instead_of_looping(
+    imports: ModuleType, tmp_path: Path
+) -> None:
     python = tmp_path / "python3"
     python.write_text("#!/bin/sh\nexit 3\n")
     python.chmod(0o755)
-    results = harness.import_modules(["json", "os"], deadline_s=30, python=str(python))
+    results = imports.import_modules(["json", "os"], deadline_s=30, python=str(python))
     assert results == {
         "json": "the import child exited 3 before trying it",
         "os": "the import child exited 3 before trying it",
@@ -213,7 +241,7 @@ def test_a_broken_interpreter_fails_every_module_instead_of_looping(tmp_path: Pa
 
 
 def test_the_packages_section_names_each_failure_by_distribution_and_module(
-    tmp_path: Path,
+    imports: ModuleType, tmp_path: Path
 ) -> None:
     site = tmp_path / "site"
     install(site, "good-dist", {"good_mod/__init__.py": "", "good_mod/core.py": ""})
@@ -227,9 +255,9 @@ def test_the_packages_section_names_each_failure_by_distribution_and_module(
         block("good-dist", "1.0") + block("broken-dist", "1.0") + block("empty-dist", "1.0")
         + block("missing-dist", "2.0") + block("damaged-dist", "1.0")
     )  # fmt: skip
-    part = harness.packages_part()
+    part = imports.packages_part()
     with pytest.raises(RuntimeError) as failed:
-        harness.check_packages(part, deadline_s=60, lock_path=str(lock), path=[str(site)])
+        imports.check_packages(part, deadline_s=60, lock_path=str(lock), path=[str(site)])
     (damaged,) = [f for f in part["failures"] if f.startswith("damaged-dist: ")]
     assert damaged.startswith("damaged-dist: its installed metadata cannot be read: TypeError")
     assert [f for f in part["failures"] if f != damaged] == [
@@ -243,9 +271,11 @@ def test_the_packages_section_names_each_failure_by_distribution_and_module(
     json.dumps(harness.clean_json(part), allow_nan=False)
 
 
-def test_an_image_without_a_lock_skips_the_packages_section(tmp_path: Path) -> None:
-    part = harness.packages_part()
-    harness.check_packages(part, deadline_s=10, lock_path=str(tmp_path / "none.lock"))
+def test_an_image_without_a_lock_skips_the_packages_section(
+    imports: ModuleType, tmp_path: Path
+) -> None:
+    part = imports.packages_part()
+    imports.check_packages(part, deadline_s=10, lock_path=str(tmp_path / "none.lock"))
     assert part["ok"] is True
     assert "no lock at" in part["skipped"]
 
@@ -294,4 +324,4 @@ def test_every_check_of_the_torch_payload_reads_a_part_it_reports(
 def test_a_missing_toolchain_is_named_as_the_cause(
     torch_smoke: ModuleType, text: str, cuda: bool, cause: str | None
 ) -> None:
-    assert torch_smoke._compiler_problem(RuntimeError(text), cuda) == cause
+    assert torch_smoke.compiler_problem(RuntimeError(text), cuda) == cause
