@@ -186,6 +186,9 @@ def plan_from(
     if repository:
         matrix = dataclasses.replace(matrix, repository=repository)
     packages = packages_from(kwargs, knowledge, matrix, selection)
+    # Only the knowledge base's matrix is cut to the newest release: every entry of a matrix
+    # file is one the user wrote, and none may silently disappear.
+    newest_only = newest_only and matrix_file is None
     plan = make_plan(
         knowledge, matrix, selection, fleet=fleet, newest_only=newest_only, packages=packages
     )
@@ -210,7 +213,7 @@ def packages_from(
     if selection.framework is not None:
         frameworks = {selection.framework}
     else:
-        frameworks = {*matrix.axes["framework"], *(p["framework"] for p in matrix.include)}
+        frameworks = set(matrix.frameworks)
     names = framework_packages(knowledge, frameworks)
     found = check_packages(given, "-p/--package", names)
     for path in files:

@@ -65,6 +65,13 @@ class Matrix:
     include_packages: tuple[tuple[str, ...], ...] = ()
     numpy: bool = True  # defaults.numpy: false leaves numpy out of entries that do not name it
 
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """Every framework the matrix builds: its axis's, then the includes' own."""
+        first = self.axes["framework"][:1]
+        named = [p.get("framework", first[0] if first else "") for p in self.include]
+        return tuple(dict.fromkeys([*self.axes["framework"], *filter(None, named)]))
+
 
 def default_matrix_path() -> Path:
     """The shipped default matrix."""
@@ -245,6 +252,13 @@ class _Validator:
                         point[key] = checked
             if "framework" in item:
                 own: tuple[str, ...] = (point["framework"],) if "framework" in point else ()
+            elif own_framework_needed and not frameworks:
+                self.fail(
+                    f"{where}.framework",
+                    "missing; with no axes.framework each include names its framework, "
+                    "e.g. {framework: torch, cuda: cpu}",
+                )
+                own = ()
             elif own_framework_needed:  # an include without one builds axes.framework's first
                 own = frameworks[:1]
             else:
@@ -413,7 +427,14 @@ def _axes(
     axes: dict[str, tuple[str, ...]] = {}
     axes_raw = data.get("axes")
     if axes_raw is None:
-        check.fail("axes", "missing; give at least axes.framework (e.g. [torch]) and axes.cuda")
+        includes = data.get("include")
+        if isinstance(includes, list) and includes:
+            return axes, []  # a matrix of hand-picked includes, as GitHub Actions allows
+        check.fail(
+            "axes",
+            "missing; give axes (at least axes.framework, e.g. [torch], and axes.cuda) or a "
+            "list of include entries, e.g. include: [{framework: torch, cuda: cpu}]",
+        )
     axes_raw = check.mapping("axes", axes_raw, AXES, "{framework: [torch], cuda: [cpu]}")
     versions: list[tuple[str, str]] = []  # (place, value) of framework_version values
     for axis in AXES:
@@ -456,6 +477,7 @@ def _assemble(label: str, sections: _Sections) -> Matrix:
     python = defaults.get("python", "3.11")
     os_name = defaults.get("os", "bookworm")
     axes = dict(sections.axes)
+    axes.setdefault("framework", ())  # none: a matrix of includes alone
     axes.setdefault("framework_version", (defaults.get("framework_version", LATEST),))
     axes.setdefault("cuda", (defaults.get("cuda", CPU),))
     axes.setdefault("python", (python,))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from envbuild.core.errors import MatrixError, SelectionError
-from envbuild.core.models import Combination, Fleet, Knowledge, Selection
+from envbuild.core.models import Combination, Fleet, Knowledge, Plan, Selection
 from envbuild.plan.matrix import (
     default_matrix_path,
     knowledge_matrix,
@@ -16,6 +19,7 @@ from envbuild.plan.matrix import (
     require_entries,
     selection_matches,
 )
+from envbuild.plan.matrix_file import Matrix
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -201,3 +205,93 @@ def test_newest_only_picks_the_newest_release_that_fits(knowledge: Knowledge) ->
         knowledge, knowledge_matrix(knowledge, selection, defaults), selection, newest_only=True
     )
     assert [e.id for e in plan.entries] == ["torch2.5.1-cu121-py3.11-bookworm"]
+
+
+def _build_plan(path: Path) -> tuple[Matrix, Plan]:
+    """The plan `envbuild build -m PATH` builds (newest_only, as the build command asks)."""
+    from envbuild.cli.options import plan_from
+
+    kwargs: dict[str, Any] = {
+        "framework": None, "framework_version": None, "cuda": None, "python": None,
+        "os_name": None, "matrix_file": path, "repository": None,
+    }  # fmt: skip
+    _, matrix, plan = plan_from(kwargs, newest_only=True)
+    return matrix, plan
+
+
+def _generated_matrices(knowledge: Knowledge, count: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Matrices of includes alone, and includes crossed with axes of one or more frameworks,
+    each include picking a framework (or not), a release or prefix of any framework, a CUDA."""
+    rng = random.Random(27)
+    releases = {f: [r.version for r in info.releases] for f, info in knowledge.frameworks.items()}
+    frameworks = sorted(releases)
+    for n in range(count):
+        includes = []
+        axes: dict[str, Any] | None = None
+        if n % 2:
+            axes = {"framework": rng.sample(frameworks, rng.randint(1, 3)), "cuda": ["cpu"]}
+            if rng.random() < 0.5:
+                axes["framework_version"] = [rng.choice(releases[axes["framework"][0]])]
+        for _ in range(rng.randint(1, 4)):
+            framework = rng.choice(frameworks)
+            point: dict[str, Any] = {"cuda": rng.choice(["cpu", "12.1", "12"])}
+            if axes is None or rng.random() < 0.6:
+                point["framework"] = framework
+            if rng.random() < 0.8:  # sometimes another framework's release: an error, never lost
+                owner = framework if rng.random() < 0.8 else rng.choice(frameworks)
+                version = rng.choice(releases[owner])
+                point["framework_version"] = version if rng.random() < 0.7 else version[:3]
+            if rng.random() < 0.3:
+                point["packages"] = ["numpy"]
+            includes.append(point)
+        document: dict[str, Any] = {"defaults": {"packages": ["numpy"]}, "include": includes}
+        if axes is not None:
+            document["axes"] = axes
+        yield f"m{n}", document
+
+
+def test_every_include_is_built_excluded_with_a_reason_or_refused(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    # Nothing a user wrote may silently disappear (issue 27): not a matrix of includes alone
+    # (GitHub Actions allows one), not an include crossed with axes, not under build's
+    # newest-only selection, which applies to the knowledge base's matrix only.
+    import yaml
+
+    refusals: list[str] = []
+    kept = 0
+    for name, document in _generated_matrices(knowledge, 300):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        try:
+            matrix, plan = _build_plan(path)
+        except (MatrixError, SelectionError) as exc:
+            # refused with its place, or nothing left to build: every exclusion says why
+            refusals.append(exc.message)
+            continue
+        planned = [e.combination() for e in plan.entries] + [x.combination for x in plan.excluded]
+        first = matrix.axes["framework"][:1]
+        for point in document["include"]:
+            framework = point.get("framework") or first[0]
+            wanted = point.get("framework_version")
+            found = [
+                c for c in planned
+                if c.framework == framework and c.cuda == point["cuda"]
+                and (wanted is None or c.framework_version.split(".")[: len(wanted.split("."))] == wanted.split("."))
+            ]  # fmt: skip
+            assert found, f"{name}: include {point} is neither planned nor excluded: {document}"
+            kept += 1
+    assert kept  # the corpus reaches both ends
+    assert refusals
+    said = ("include[", "publishes no", "no entry to build")
+    assert [m for m in refusals if not any(w in m for w in said)] == []
+
+
+def test_a_matrix_with_neither_axes_nor_includes_names_both_fixes(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    for text in ("description: nothing\n", "include: []\n", "defaults: {python: '3.11'}\n"):
+        with pytest.raises(MatrixError, match=r"axes: missing; give axes .* or a list of include"):
+            load_matrix(write(tmp_path, text), knowledge)
+    with pytest.raises(MatrixError, match=r"include\[0\]\.framework: missing; with no axes"):
+        load_matrix(write(tmp_path, "include: [{cuda: cpu}]\n"), knowledge)
