@@ -1,4 +1,4 @@
-"""Shared test helpers; the Docker fixtures of the integration and e2e tiers live in docker_support."""
+"""Shared test helpers; the Docker fixtures of the integration and e2e tiers live in tests/support/docker_support.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,17 @@ import pytest
 
 from envbuild.core.models import Knowledge
 from envbuild.knowledge.load import load_knowledge
+from tests.support.docker_support import (  # noqa: F401 - fixtures, found by name
+    base_image,
+    ca_bundle,
+    cpu_matrix,
+    docker_client,
+    engine,
+    isolated_data_dir,
+    shared_registry,
+    torch_cpu_build,
+    wheelhouse,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
