@@ -333,7 +333,71 @@ def smoke_report(client: RegistryClient, files: Mapping[str, bytes], what: str) 
         raise client.malformed(what, kind="smoke report", why="it names no image id")
     if not isinstance(report.get("passed"), bool):
         raise client.malformed(what, kind="smoke report", why="'passed' is not true or false")
+    why = report_shape_problem(report)
+    if why is not None:
+        raise client.malformed(what, kind="smoke report", why=why)
     return report
+
+
+# The types of a smoke report's sections as SmokeResult.as_dict writes them. A section may be
+# absent (an older payload, a framework without it), never of another type: readers index them.
+_SECTIONS: dict[str, type | tuple[type, ...]] = {
+    **dict.fromkeys(
+        ("versions", "train", "allreduce", "compile", "loader", "checkpoint", "numpy",
+         "packages", "cuda_static"),
+        dict,
+    ),
+    **dict.fromkeys(("devices", "errors", "checks"), list),
+    **dict.fromkeys(("image", "payload", "run_with"), str),
+    **dict.fromkeys(("ok", "cuda_needs_gpu"), bool),
+    "payload_version": int,
+    "exit_code": (int, type(None)),
+    "seconds": (int, float),
+}  # fmt: skip
+_CHECK_FIELDS = {"name": str, "passed": bool, "detail": str}
+_KIND_NAMES: dict[type | tuple[type, ...], str] = {
+    dict: "an object", list: "a list", str: "a string", bool: "true or false",
+    int: "an integer", (int, type(None)): "an integer or null", (int, float): "a number",
+}  # fmt: skip
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """isinstance, except that JSON's true and false are no numbers."""
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in the words of a message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true or false"
+    for kind, name in _KIND_NAMES.items():
+        if isinstance(kind, type) and isinstance(value, kind):
+            return name
+    return "a number"
+
+
+def report_shape_problem(report: dict[str, Any]) -> str | None:
+    """What is wrong with the shape of a smoke report's sections, or None: each known section
+    of its type, the host's checks each {name, passed, detail}, versions strings or null, the
+    errors strings, the devices objects."""
+    for key, kind in _SECTIONS.items():
+        if key in report and not _is(report[key], kind):
+            return f"its {key!r} is {_json_kind(report[key])}, not {_KIND_NAMES[kind]}"
+    for i, check in enumerate(report.get("checks") or []):
+        if not isinstance(check, dict) or any(
+            not _is(check.get(field), kind) for field, kind in _CHECK_FIELDS.items()
+        ):
+            return f"its checks[{i}] is not an object of name, passed and detail"
+    for name, version in (report.get("versions") or {}).items():
+        if version is not None and not isinstance(version, str):
+            return f"its versions.{printable(name, 40)} is {_json_kind(version)}, not a string"
+    if not all(isinstance(e, str) for e in report.get("errors") or []):
+        return "its errors are not all strings"
+    if not all(isinstance(d, dict) for d in report.get("devices") or []):
+        return "its devices are not all objects"
+    return None
 
 
 def _now_rfc3339() -> str:

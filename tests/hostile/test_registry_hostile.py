@@ -243,6 +243,42 @@ MALFORMED_SMOKE_REPORTS = {
     "smoke-passed-missing": (canonical({"image_id": PUBLISHED.image_id}), "'passed'"),
     "smoke-passed-one": (canonical({"passed": 1, "image_id": PUBLISHED.image_id}), "'passed'"),
 }
+
+
+def _wrong_shapes() -> dict[str, tuple[bytes, str]]:
+    """Each section of a passing report given every JSON type but its own (a list where an
+    object belongs, ...), and entries of the wrong shape inside the lists and versions."""
+    sections = {
+        "train": {}, "allreduce": {}, "versions": {}, "compile": {}, "loader": {},
+        "checkpoint": {}, "numpy": {}, "packages": {}, "cuda_static": {}, "devices": [],
+        "errors": [], "checks": [], "image": "x", "ok": True, "seconds": 1.5,
+    }  # fmt: skip
+    values: list[Any] = [[], {}, "x", 7, 1.5, True, None, [{"loss_first": 2.3}]]
+    cases = {}
+    for key, good in sections.items():
+        for value in values:
+            fits = type(value) is type(good) or (key == "seconds" and type(value) is int)
+            if fits:
+                continue
+            body = canonical({"passed": True, "image_id": PUBLISHED.image_id, key: value})
+            cases[f"smoke-{key}-{type(value).__name__}"] = (body, f"its '{key}' is")
+    inside = {
+        "checks-item-string": ({"checks": ["payload"]}, "its checks[0] is not"),
+        "checks-passed-string": (
+            {"checks": [{"name": "x", "passed": "yes", "detail": ""}]}, "its checks[0] is not"
+        ),
+        "versions-number": ({"versions": {"python": 3.11}}, "its versions.python is a number"),
+        "versions-object": ({"versions": {"cuda": {"x": 1}}}, "its versions.cuda is an object"),
+        "errors-objects": ({"errors": [{"e": 1}]}, "its errors are not all strings"),
+        "devices-strings": ({"devices": ["cpu"]}, "its devices are not all objects"),
+    }  # fmt: skip
+    for name, (extra, why) in inside.items():
+        body = canonical({"passed": True, "image_id": PUBLISHED.image_id, **extra})
+        cases[f"smoke-{name}"] = (body, why)
+    return cases
+
+
+MALFORMED_SMOKE_REPORTS.update(_wrong_shapes())
 MALFORMED_EVIDENCE = {
     "evidence-layers-string": (setter("layers", "smoke-report.json"), "layers is not a list"),
     "evidence-layer-string": (setter("layers", ["x"]), "not a JSON object"),
