@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from envbuild.core.errors import BadInput
 from envbuild.core.redact import register, register_credentials
+from envbuild.net.docker_config import docker_config_path, read_docker_config
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ USERNAME_ENV = "ENVBUILD_REGISTRY_USERNAME"
 PASSWORD_ENV = "ENVBUILD_REGISTRY_PASSWORD"
 
 _HELPER_TIMEOUT = 30.0
+_FIX_CONFIG = "fix or remove it (`docker login` writes it)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +68,8 @@ def _lookup(host: str, environ: Mapping[str, str] | None) -> Credentials | None:
         present = USERNAME_ENV if username else PASSWORD_ENV
         msg = f"{present} is set but {missing} is not; set both, or neither to use Docker's login"
         raise BadInput(msg)
-    config_path = _docker_config_path(env)
-    config = _read_docker_config(config_path)
+    config_path = docker_config_path(env)
+    config = read_docker_config(config_path, fix=_FIX_CONFIG)
     if config is None:
         return None
     helpers = config.get("credHelpers")
@@ -96,32 +98,6 @@ def docker_auth_config(
         "password": credentials.password,
         "serveraddress": host,
     }
-
-
-def _docker_config_path(env: Mapping[str, str]) -> Path:
-    directory = env.get("DOCKER_CONFIG")
-    base = Path(directory).expanduser() if directory else Path.home() / ".docker"
-    return base / "config.json"
-
-
-def _read_docker_config(path: Path) -> dict[str, Any] | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        msg = f"cannot read Docker's config {path}: {exc.strerror}; fix its permissions"
-        raise BadInput(msg) from exc
-    try:
-        data = json.loads(text) if text.strip() else {}
-    except ValueError as exc:
-        # The position only: the text may hold credentials.
-        msg = f"Docker's config {path} is not valid JSON (line {getattr(exc, 'lineno', '?')})"
-        raise BadInput(msg) from None
-    if not isinstance(data, dict):
-        msg = f"Docker's config {path} is not a JSON object; fix or remove it"
-        raise BadInput(msg)
-    return data
 
 
 def _registry_key(key: str) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import os
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
@@ -32,13 +31,13 @@ from envbuild.core.models import ProxySettings
 from envbuild.core.names import redact_url, shown
 from envbuild.core.redact import register, register_credentials
 from envbuild.net.bounded.origins import is_loopback
+from envbuild.net.docker_config import docker_config_path, read_docker_config
 
 if TYPE_CHECKING:
     import requests
 
 MAX_URL_CHARS = 2048
 MAX_NO_PROXY_CHARS = 65536
-MAX_CONFIG_BYTES = 1 << 20  # Docker's config is a few KB; a bigger one is not a config
 URL_EXAMPLE = "http://[user:password@]proxy.example.com:3128 (percent-encode the password)"
 # Not allowed unencoded anywhere in a URL (RFC 3986); JSON would escape '"' and '\', and the
 # escaped form, URL-encoded in docker-py's build request, would be one the redactor misses.
@@ -161,41 +160,14 @@ def bypasses(no_proxy: tuple[str, ...], host: str, port: int | None = None) -> b
     return False
 
 
-def docker_config_path(environ: Mapping[str, str]) -> Path:
-    """Docker's client config: $DOCKER_CONFIG/config.json, else ~/.docker/config.json."""
-    directory = environ.get("DOCKER_CONFIG")
-    base = Path(directory).expanduser() if directory else Path.home() / ".docker"
-    return base / "config.json"
-
-
 def _docker_proxies(path: Path | None) -> dict[str, str]:
     """`proxies.default` of Docker's config at `path` ({} when there is none), checked."""
     if path is None:
         return {}
     fix = 'fix it (proxies.default is {"httpsProxy": "http://proxy:3128", ...}) or remove it'
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
+    document = read_docker_config(path, fix=fix)
+    if document is None:
         return {}
-    except OSError as exc:
-        msg = (
-            f"cannot read Docker's config {path}: {exc.strerror}; fix its permissions or remove it"
-        )
-        raise BadInput(msg) from exc
-    if len(data) > MAX_CONFIG_BYTES:
-        msg = f"Docker's config {path} is over {MAX_CONFIG_BYTES >> 20} MiB; {fix}"
-        raise BadInput(msg)
-    try:
-        document: Any = json.loads(data.decode("utf-8")) if data.strip() else {}
-    except (ValueError, RecursionError) as exc:
-        # The position only: the text may hold credentials.
-        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
-        msg = f"Docker's config {path} is not valid UTF-8 JSON{where}; {fix}"
-        raise BadInput(msg) from None
-    if not isinstance(document, dict):
-        msg = f"Docker's config {path} is not a JSON object; {fix}"
-        raise BadInput(msg)
     proxies = document.get("proxies", {})
     default = proxies.get("default", {}) if isinstance(proxies, dict) else None
     if not isinstance(default, dict):

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from envbuild.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, EnvbuildError
+from envbuild.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, EnvbuildError
 from envbuild.net.bounded import (
     MAX_PAGES,
     MAX_REDIRECTS,
@@ -1036,3 +1036,70 @@ def test_a_downgrade_is_https_to_plain_http_off_loopback() -> None:
 )
 def test_retry_after_is_bounded(header: str | None, seconds: float | None) -> None:
     assert retry_after_seconds(header) == seconds
+
+
+def _special_configs(folder: Path) -> Iterator[tuple[str, Callable[[Path], None]]]:
+    """Ways Docker's config.json can be anything but a small JSON object in a regular file."""
+
+    def fifo(path: Path) -> None:
+        os.mkfifo(path)
+
+    def fifo_link(path: Path) -> None:
+        os.mkfifo(folder / "pipe")
+        path.symlink_to(folder / "pipe")
+
+    def directory(path: Path) -> None:
+        path.mkdir()
+
+    def device(path: Path) -> None:
+        path.symlink_to("/dev/zero")
+
+    def socket_file(path: Path) -> None:
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))  # left bound: nothing will ever answer on it
+
+    def writes(data: bytes) -> Callable[[Path], None]:
+        return lambda path: path.write_bytes(data)
+
+    yield "fifo", fifo
+    yield "link-to-a-fifo", fifo_link
+    yield "directory", directory
+    yield "dev-zero", device
+    yield "socket", socket_file
+    yield "huge", writes(b'{"auths": {"x": "' + b"a" * (2 << 20) + b'"}}')
+    yield "deeply-nested", writes(b"[" * 100_000)
+    yield "not-utf8", writes(b'{"auths": "\xff\xfe"}')
+    yield "a-list", writes(b"[]")
+    yield "a-string", writes(b'"auths"')
+
+
+@pytest.mark.parametrize("kind", [name for name, _ in _special_configs(Path())])
+def test_a_docker_config_that_is_not_a_small_regular_file_is_one_line_never_a_hang(
+    kind: str, tmp_path: Path
+) -> None:
+    # The credentials lookup and the proxy choice read it (issue 27): regular files only,
+    # opened without blocking, bounded; verify's 90 s hang guard fails the test on a hang.
+    folder = tmp_path / "docker-config"
+    folder.mkdir()
+    make = dict(_special_configs(folder))[kind]
+    make(folder / "config.json")
+    result = verify("127.0.0.1:9", tmp_path, env={USERNAME_ENV: "", PASSWORD_ENV: ""})
+    assert "Docker's config" in error_line(result, code=EXIT_BAD_INPUT)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dev-zero", "huge"])
+def test_the_credentials_lookup_reads_docker_config_the_same_way(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from envbuild.net.credentials import lookup_credentials
+
+    folder = tmp_path / "docker-config"
+    folder.mkdir()
+    dict(_special_configs(folder))[kind](folder / "config.json")
+    monkeypatch.setenv("DOCKER_CONFIG", str(folder))
+    for name in (USERNAME_ENV, PASSWORD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(BadInput, match=r"Docker's config .*config\.json"):
+        lookup_credentials("registry.example.com")

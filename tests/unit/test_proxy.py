@@ -26,6 +26,7 @@ from envbuild.core.redact import redact
 from envbuild.core.store import ResultStore
 from envbuild.lock.uv import _uv_environment
 from envbuild.net import proxy
+from envbuild.net.docker_config import MAX_CONFIG_BYTES
 from envbuild.plan.matrix import make_plan
 from envbuild.plan.matrix_file import default_matrix_path, load_matrix
 from envbuild.registry import RegistryClient
@@ -215,7 +216,7 @@ def broken_configs() -> Iterator[tuple[str, bytes]]:
     yield "httpProxy a number", json.dumps({"proxies": {"default": {"httpProxy": 3128}}}).encode()
     yield "noProxy a list", json.dumps({"proxies": {"default": {"noProxy": ["a"]}}}).encode()
     yield "nested deeply", b"[" * 100_000 + b"]" * 100_000
-    yield "over 1 MiB", b'{"x": "' + b"a" * (proxy.MAX_CONFIG_BYTES + 1) + b'"}'
+    yield "over 1 MiB", b'{"x": "' + b"a" * (MAX_CONFIG_BYTES + 1) + b'"}'
 
 
 @pytest.mark.parametrize(("kind", "content"), list(broken_configs()), ids=lambda v: str(v)[:20])
