@@ -11,11 +11,12 @@ import docker
 import pytest
 import requests
 
+from envbuild.core import labels as label_keys
 from envbuild.core.errors import EnvbuildError
 from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
 from envbuild.engine.docker_engine import DockerEngine
 from envbuild.engine.interface import Engine
-from tests.support.docker_support import TEST_LABEL, envbuild
+from tests.support.docker_support import TEST_LABEL, derive, envbuild
 from tests.support.registry_server import RegistryServer
 
 
@@ -60,8 +61,23 @@ def test_a_missing_base_image_is_named(docker_client: object) -> None:
     )
 
 
-def test_smoke_of_an_image_without_torch_fails(base_image: str) -> None:
+def test_smoke_of_an_image_envbuild_did_not_build_is_refused(base_image: str) -> None:
+    # No framework label: smoke refuses it as bench does (one payload runner, issue 22).
     result = envbuild("smoke", base_image, "--timeout", "60")
+    assert result.returncode == 2
+    assert "org.envbuild.framework label" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_smoke_of_an_image_without_torch_fails(
+    docker_client: docker.DockerClient, base_image: str, tmp_path: Path
+) -> None:
+    # Labelled torch, but the bare base has neither Python nor torch: the payload leaves no report.
+    tag = derive(
+        docker_client, tmp_path, "envbuild-test/labelled-without-torch:1",
+        f"FROM {base_image}\nLABEL {label_keys.FRAMEWORK}=torch\n", {},
+    )  # fmt: skip
+    result = envbuild("smoke", tag, "--timeout", "60")
     assert result.returncode == 1
     assert "without a JSON report" in result.stdout
 
