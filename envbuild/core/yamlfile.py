@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import codecs
 import errno
-import os
-import stat
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -27,6 +25,7 @@ from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
 from envbuild.core.errors import MatrixError
+from envbuild.core.files import FileTooLarge, NotRegularFile, read_small_file
 from envbuild.core.names import shown
 
 # Bounds on what a YAML file of envbuild's may hold: the whole knowledge base is ~75 kB, nested
@@ -219,44 +218,16 @@ def read_yaml(path: Path, *, what: str, missing: str) -> Any:
 
 
 def _read_capped(path: Path, label: str, what: str, missing: str) -> bytes:
-    # stat before open, and open non-blocking: a FIFO or a device is refused, never waited on.
     try:
-        _check_kind(label, what, path.stat())
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        return read_small_file(path, MAX_YAML_BYTES)
     except FileNotFoundError as exc:
         raise MatrixError([f"{label}: no such {what}; {missing}"]) from exc
+    except NotRegularFile as exc:
+        raise MatrixError([f"{label}: is {exc.kind}, not a {what}; pass a YAML file"]) from exc
+    except FileTooLarge as exc:
+        raise MatrixError([_too_large(label, what, exc.size)]) from exc
     except (OSError, ValueError) as exc:
         raise MatrixError([_unreadable(label, what, exc)]) from exc
-    try:
-        with os.fdopen(fd, "rb") as stream:
-            _check_kind(label, what, os.fstat(stream.fileno()))  # replaced since the stat
-            data = stream.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise MatrixError([_unreadable(label, what, exc)]) from exc
-    if len(data) > MAX_YAML_BYTES:  # grew since the stat, or a file that reports no size
-        raise MatrixError([_too_large(label, what, None)])
-    return data
-
-
-def _check_kind(label: str, what: str, info: os.stat_result) -> None:
-    mode = info.st_mode
-    if stat.S_ISDIR(mode):
-        raise MatrixError([f"{label}: is a directory, not a {what}; pass a YAML file"])
-    if not stat.S_ISREG(mode):
-        kind = (
-            "a named pipe (FIFO)"
-            if stat.S_ISFIFO(mode)
-            else "a character device"
-            if stat.S_ISCHR(mode)
-            else "a block device"
-            if stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "no regular file"
-        )
-        raise MatrixError([f"{label}: is {kind}, not a {what}; pass a YAML file"])
-    if info.st_size > MAX_YAML_BYTES:
-        raise MatrixError([_too_large(label, what, info.st_size)])
 
 
 def _too_large(label: str, what: str, size: int | None) -> str:

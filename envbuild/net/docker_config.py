@@ -1,22 +1,20 @@
 """Docker's client config (config.json), read the one way: where Docker reads it, a regular file
-only, opened without blocking and bounded in bytes, its text never quoted in a message (it may
-hold credentials). The credentials lookup and the proxy choice both read it here."""
+only, as core.files reads every small file (without blocking, bounded in bytes), its text never
+quoted in a message (it may hold credentials). The credentials lookup and the proxy choice both
+read it here."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from envbuild.core.errors import BadInput
+from envbuild.core.files import FileTooLarge, NotRegularFile, read_small_file
 
 # Docker's config is a few KB; a bigger one is not a config.
 MAX_CONFIG_BYTES = 1 << 20
-# O_NONBLOCK: a FIFO swapped in after the check must not hang the read.
-_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
 
 
 def docker_config_path(environ: Mapping[str, str]) -> Path:
@@ -30,24 +28,19 @@ def read_docker_config(path: Path, *, fix: str) -> dict[str, Any] | None:
     """The JSON object in Docker's config at `path`; None when there is no such file (an empty
     file is an empty config). Anything else is one line naming the file, ending with `fix`."""
     try:
-        fd = os.open(path, _FLAGS)
+        data = read_small_file(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        msg = f"cannot read Docker's config {path}: {exc.strerror}; {fix}"
+    except NotRegularFile as exc:
+        msg = f"Docker's config {path} is not a regular file ({exc.kind}); {fix}"
         raise BadInput(msg) from exc
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                msg = f"Docker's config {path} is not a regular file; {fix}"
-                raise BadInput(msg)
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        msg = f"cannot read Docker's config {path}: {exc.strerror}; {fix}"
-        raise BadInput(msg) from exc
-    if len(data) > MAX_CONFIG_BYTES:
+    except FileTooLarge as exc:
         msg = f"Docker's config {path} is over {MAX_CONFIG_BYTES >> 20} MiB; {fix}"
-        raise BadInput(msg)
+        raise BadInput(msg) from exc
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or "not a usable file name"
+        msg = f"cannot read Docker's config {path}: {reason}; {fix}"
+        raise BadInput(msg) from exc
     try:
         document: Any = json.loads(data.decode("utf-8")) if data.strip() else {}
     except (ValueError, RecursionError) as exc:
