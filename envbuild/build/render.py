@@ -22,7 +22,12 @@ from envbuild.core import labels
 from envbuild.core.errors import BadInput
 from envbuild.core.models import (
     CPU,
+    IMAGE_HOME,
+    IMAGE_UID,
+    IMAGE_USER,
     NO_FRAMEWORK_INDEX,
+    ROOT_USER,
+    USER_CHOICES,
     BaseProbe,
     BuildContext,
     BuildOptions,
@@ -219,6 +224,7 @@ def render_entry(
         "label": labels.TEMPLATE_KEYS,
         # torch's DataLoader workers hand batches over through /dev/shm.
         "run_shm_size": labels.TORCH_SHM_SIZE if entry.framework == "torch" else "",
+        "user": _user_values(entry),
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)
@@ -241,6 +247,18 @@ def render_entry(
     )
 
 
+def _user_values(entry: Entry) -> dict[str, object]:
+    """What partials/user.j2 needs: root or not, and the non-root user's name, ids and HOME."""
+    root = entry.user == ROOT_USER
+    return {
+        "root": root,
+        "name": IMAGE_USER,
+        "uid": IMAGE_UID,
+        "home": IMAGE_HOME,
+        "spec": entry.user_spec,
+    }
+
+
 def _check_template_values(entry: Entry, base_image: str) -> None:
     """Defence in depth: what FROM and LABEL lines receive is checked here, whoever made it."""
     for what, reference in (("base image", base_image), ("image", entry.image)):
@@ -254,6 +272,11 @@ def _check_template_values(entry: Entry, base_image: str) -> None:
         "python": entry.python, "os": entry.os, "requirement": entry.install.requirement,
         "index_url": entry.install.index_url or "",
     }  # fmt: skip
+    if entry.user not in USER_CHOICES:
+        msg = (
+            f"entry {shown(entry.id)}: user {shown(entry.user)}: choose {' or '.join(USER_CHOICES)}"
+        )
+        raise BadInput(msg)
     for field, value in values.items():
         if not _TEMPLATE_SAFE.fullmatch(value):
             msg = f"entry {shown(entry.id)}: {field} {shown(value)} cannot go into a Dockerfile"

@@ -32,6 +32,7 @@ from envbuild.cli.options import (
     proxy_option,
     reports_errors,
     selectors,
+    user_option,
 )
 from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
@@ -63,6 +64,7 @@ def main(verbose: bool) -> None:
 @main.command()
 @selectors
 @package_options
+@user_option
 @fetch_options
 @click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
 @click.option(
@@ -113,6 +115,7 @@ def ci_matrix(**kwargs: Any) -> None:
 @main.command()
 @selectors
 @package_options
+@user_option
 @fetch_options
 @locked_option
 @click.option(
@@ -162,6 +165,7 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
 @main.command()
 @selectors
 @package_options
+@user_option
 @fetch_options
 @locked_option
 @click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")

@@ -186,12 +186,14 @@ def plan_from(
     if repository:
         matrix = dataclasses.replace(matrix, repository=repository)
     packages = packages_from(kwargs, knowledge, matrix, selection)
+    user = kwargs.pop("user", None)  # None: as the matrix says (commands without --user)
     # Only the knowledge base's matrix is cut to the newest release: every entry of a matrix
     # file is one the user wrote, and none may silently disappear.
     newest_only = newest_only and matrix_file is None
     plan = make_plan(
-        knowledge, matrix, selection, fleet=fleet, newest_only=newest_only, packages=packages
-    )
+        knowledge, matrix, selection, fleet=fleet, newest_only=newest_only, packages=packages,
+        user=user,
+    )  # fmt: skip
     try:
         require_entries(plan, matrix, selection)
     except SelectionError as exc:
@@ -243,6 +245,20 @@ def package_options(func: F) -> F:
     for option in options:
         func = option(func)
     return func
+
+
+def user_option(func: F) -> F:
+    """`--user envbuild|root`: who every selected entry's image runs as, over the matrix's choice."""
+    from envbuild.core.models import IMAGE_UID, USER_CHOICES
+
+    return click.option(
+        "--user",
+        type=click.Choice(USER_CHOICES),
+        help=(
+            f"Who the images run as: envbuild (uid {IMAGE_UID}, not root) or root "
+            "[default: the matrix's user, else envbuild]."
+        ),
+    )(func)
 
 
 def fleet_option(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -21,6 +21,9 @@ LOCK_DIGEST = PREFIX + "lock-digest"
 VERSION = PREFIX + "version"  # the envbuild that built the image
 # The image's content hash; inherited by images built FROM it.
 CONTENT_HASH = PREFIX + "content-hash"
+# The uid:gid the image runs as ("1000:1000", or "0:0" for a matrix's `user: root`): the smoke
+# test checks that its payload ran as it, with HOME and the caches writable and the environment not.
+USER = PREFIX + "user"
 # The `docker run` options the image needs to train as its smoke test did: the size of
 # /dev/shm, through which torch's DataLoader workers hand batches over (Docker's default is 64 MB).
 RUN_SHM_SIZE = PREFIX + "run.shm-size"
@@ -44,4 +47,5 @@ TEMPLATE_KEYS: dict[str, str] = {
     "stage": STAGE,
     "lock_digest": LOCK_DIGEST,
     "run_shm_size": RUN_SHM_SIZE,
+    "user": USER,
 }

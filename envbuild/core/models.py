@@ -13,6 +13,15 @@ CPU = "cpu"
 # Which GPUs a container gets: every one, none, or every one where the engine has NVIDIA's runtime.
 GPU_CHOICES = ("auto", "all", "none")
 HASH_LABEL = CONTENT_HASH  # inherited by images built FROM an envbuild image
+# Who an image runs as: envbuild's own user, not root, so that a cluster enforcing Kubernetes'
+# restricted Pod Security standard (runAsNonRoot) admits it; `root` where a team needs it.
+IMAGE_USER = "envbuild"
+ROOT_USER = "root"
+USER_CHOICES = (IMAGE_USER, ROOT_USER)
+# A fixed uid and gid, named in the Dockerfile's USER so that runAsNonRoot can verify it
+# without reading the image's /etc/passwd.
+IMAGE_UID = 1000
+IMAGE_HOME = "/home/envbuild"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +213,13 @@ class Entry:
     # The team's packages beside the framework: PEP 508, normalized, sorted, deduplicated.
     # They go into the lock, never into the id or the tag.
     packages: tuple[str, ...] = ()
+    user: str = IMAGE_USER  # one of USER_CHOICES: who the image runs as
+
+    @property
+    def user_spec(self) -> str:
+        """The image's numeric USER, uid:gid: what runAsNonRoot checks and the user label holds."""
+        uid = 0 if self.user == ROOT_USER else IMAGE_UID
+        return f"{uid}:{uid}"
 
     def combination(self) -> Combination:
         """The matrix point this entry was resolved from."""
@@ -229,6 +245,7 @@ class Entry:
             "base_image": self.base_image,
             "image": self.image,
             "packages": list(self.packages),
+            "user": self.user,
         }
 
 

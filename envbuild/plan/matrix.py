@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from typing import TypeVar
 
-from envbuild.core.errors import BadInput, SelectionError
+from envbuild.core.errors import BadInput, MatrixError, SelectionError
 from envbuild.core.models import (
     CPU,
     Combination,
@@ -209,6 +209,25 @@ def entry_packages(
     return found
 
 
+def entry_users(matrix: Matrix, knowledge: Knowledge) -> dict[Combination | None, str]:
+    """Each include's combination -> who its image runs as (None -> every other entry's): the
+    include's own `user`, else the matrix's. Two includes of one entry that disagree are refused."""
+    found: dict[Combination | None, str] = {None: matrix.user}
+    said: dict[Combination, int] = {}
+    for i, (point, user) in enumerate(zip(matrix.include, matrix.include_users, strict=False)):
+        combo = _include_combination(matrix, knowledge, point)
+        if combo is None or user is None:
+            continue
+        if combo in said and found[combo] != user:
+            msg = (
+                f"{matrix.source}: include[{i}].user: {user!r}, but include[{said[combo]}] of the "
+                f"same entry says {found[combo]!r}; give that entry one user"
+            )
+            raise MatrixError([msg])
+        found[combo], said[combo] = user, i
+    return found
+
+
 def make_plan(
     knowledge: Knowledge,
     matrix: Matrix,
@@ -217,15 +236,18 @@ def make_plan(
     fleet: Fleet | None = None,
     newest_only: bool = False,
     packages: tuple[str, ...] = (),
+    user: str | None = None,
 ) -> Plan:
     """Expand the matrix, apply the selectors and the rules; keep every exclusion with its reason.
 
     Every entry carries the matrix's packages, its include's, `packages` (normalized: the
-    command line's) and numpy unless the matrix says `numpy: false`.
+    command line's) and numpy unless the matrix says `numpy: false`; and runs as `user` (the
+    command line's) or else as its include or the matrix says.
     """
     check_selection(selection)
     releases = release_versions(knowledge)
     wanted = entry_packages(matrix, knowledge, packages)
+    users = entry_users(matrix, knowledge)
     entries: list[Entry] = []
     excluded: list[Exclusion] = []
     for combo, excluded_by in combinations(matrix, knowledge):
@@ -240,7 +262,8 @@ def make_plan(
                 knowledge, combo, repository=matrix.repository, facts=facts
             )
             own = wanted.get(combo, wanted[None])
-            entries.append(dataclasses.replace(entry, packages=own))
+            runs_as = user or users.get(combo, users[None])
+            entries.append(dataclasses.replace(entry, packages=own, user=runs_as))
         else:
             excluded.append(Exclusion(combination=combo, reason=facts[-1].text, facts=facts))
     if newest_only and entries:

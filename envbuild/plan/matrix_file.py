@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.core.errors import BadInput, MatrixError
-from envbuild.core.models import CPU, Knowledge
+from envbuild.core.models import CPU, IMAGE_UID, IMAGE_USER, USER_CHOICES, Knowledge
 from envbuild.core.names import repository_problem, shown
 from envbuild.core.resources import matrices_dir
 from envbuild.core.versions import version_sort_key
@@ -26,8 +26,10 @@ from envbuild.plan.packages import (
 AXES = ("framework", "framework_version", "cuda", "python", "os")
 TOP_KEYS = ("description", "defaults", "axes", "include", "exclude")
 PACKAGE_KEYS = ("packages", "requirements")
-DEFAULT_KEYS = ("python", "os", "repository", "framework_version", "cuda", *PACKAGE_KEYS, "numpy")
-INCLUDE_KEYS = (*AXES, *PACKAGE_KEYS)
+DEFAULT_KEYS = (
+    "python", "os", "repository", "framework_version", "cuda", *PACKAGE_KEYS, "numpy", "user",
+)  # fmt: skip
+INCLUDE_KEYS = (*AXES, *PACKAGE_KEYS, "user")
 LATEST = "latest"
 DEFAULT_REPOSITORY = "envbuild/{framework}"
 EXAMPLES = {
@@ -64,6 +66,9 @@ class Matrix:
     packages: tuple[str, ...] = ()
     include_packages: tuple[tuple[str, ...], ...] = ()
     numpy: bool = True  # defaults.numpy: false leaves numpy out of entries that do not name it
+    # Who the images run as (defaults.user), and each include's own choice (None: the default's).
+    user: str = IMAGE_USER
+    include_users: tuple[str | None, ...] = ()
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -112,6 +117,7 @@ class _Validator:
         self.path = path
         self.directory = directory  # requirements files are relative to the matrix's folder
         self.include_packages: list[tuple[str, ...]] = []
+        self.include_users: list[str | None] = []
         self.knowledge = knowledge
         self.releases = release_versions(knowledge)
         self.problems: list[str] = []
@@ -267,6 +273,10 @@ class _Validator:
                 self.version_of(f"{where}.framework_version", point["framework_version"], own)
             if own_framework_needed:
                 self.include_packages.append(self.packages(where, item, own))
+                has_user = "user" in item
+                self.include_users.append(
+                    self.user(f"{where}.user", item["user"]) if has_user else None
+                )
             points.append(point)
         return tuple(points)
 
@@ -318,6 +328,20 @@ class _Validator:
                 self.problems.append(exc.message)
         return tuple(sorted(set(found)))
 
+    def user(self, where: str, raw: Any) -> str | None:
+        """Who an image runs as: one of USER_CHOICES; None, reported, for anything else."""
+        fix = (
+            f"choose {IMAGE_USER} (the default: uid {IMAGE_UID}, not root) or root, e.g. user: root"
+        )
+        if not isinstance(raw, str):
+            self.fail(where, f"expected a user name, got {yaml_kind(raw)}; {fix}")
+            return None
+        if raw not in USER_CHOICES:
+            hint = _suggest(raw.strip().lower(), list(USER_CHOICES)) if raw.isprintable() else ""
+            self.fail(where, f"{shown(raw, 40)} is not a user envbuild builds for{hint}; {fix}")
+            return None
+        return raw
+
     def repository(self, raw: Any, frameworks: tuple[str, ...]) -> str:
         if not isinstance(raw, str):
             self.fail("defaults.repository", f"expected a string, got {yaml_kind(raw)}")
@@ -343,6 +367,8 @@ class _Sections:
     packages: tuple[str, ...]
     include_packages: tuple[tuple[str, ...], ...]
     numpy: bool
+    user: str
+    include_users: tuple[str | None, ...]
 
 
 def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
@@ -397,6 +423,7 @@ def _validate(check: _Validator, data: dict[Any, Any]) -> _Sections:
     numpy = defaults_raw.get("numpy", True)
     if not isinstance(numpy, bool):
         check.fail("defaults.numpy", f"expected true or false, got {yaml_kind(numpy)}")
+    user = check.user("defaults.user", defaults_raw["user"]) if "user" in defaults_raw else None
     return _Sections(
         axes=axes,
         defaults=defaults,
@@ -406,6 +433,8 @@ def _validate(check: _Validator, data: dict[Any, Any]) -> _Sections:
         packages=packages,
         include_packages=tuple(check.include_packages),
         numpy=numpy is not False,
+        user=user or IMAGE_USER,
+        include_users=tuple(check.include_users),
     )
 
 
@@ -500,6 +529,8 @@ def _assemble(label: str, sections: _Sections) -> Matrix:
         packages=sections.packages,
         include_packages=sections.include_packages,
         numpy=sections.numpy,
+        user=sections.user,
+        include_users=sections.include_users,
     )
 
 

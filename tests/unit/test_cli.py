@@ -43,8 +43,10 @@ def test_plan_json_lists_only_releases_that_publish_cu121(knowledge: Knowledge) 
         "base_image",
         "image",
         "packages",
+        "user",
         "lock",
     }
+    assert {e["user"] for e in document["entries"]} == {"envbuild"}
     assert all(x["reason"] for x in document["excluded"])
     assert {x["framework_version"] for x in document["excluded"]} == {
         r.version for r in knowledge.frameworks["torch"].releases

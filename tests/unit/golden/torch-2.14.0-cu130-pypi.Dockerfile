@@ -37,6 +37,21 @@ ENV PATH="/opt/venv/bin:$PATH" \
 # the image holds no system CUDA. These tell the NVIDIA container runtime what to expose.
 ENV NVIDIA_VISIBLE_DEVICES="all" \
     NVIDIA_DRIVER_CAPABILITIES="compute,utility"
+# Runs as envbuild (uid and gid 1000), not root; /opt/venv stays root's and read-only.
+RUN if ! command -v useradd >/dev/null 2>&1; then \
+      echo "envbuild: the image's user envbuild needs useradd and this base has none; use a base with it (Debian's passwd) or user: root" >&2; exit 1; \
+    fi \
+ && { getent group 1000 >/dev/null || groupadd --gid 1000 envbuild; } \
+ && { getent passwd 1000 >/dev/null \
+      || useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
+ && mkdir -p /home/envbuild/.cache \
+ && chown -R 1000:1000 /home/envbuild
+ENV HOME="/home/envbuild" \
+    TORCHINDUCTOR_CACHE_DIR="/home/envbuild/.cache/torchinductor" \
+    TRITON_CACHE_DIR="/home/envbuild/.cache/triton" \
+    XDG_CACHE_HOME="/home/envbuild/.cache"
+WORKDIR /home/envbuild
+USER 1000:1000
 LABEL org.envbuild.entry-id="torch2.14.0-cu130-py3.11-bookworm" \
       org.envbuild.framework="torch" \
       org.envbuild.framework-version="2.14.0" \
@@ -47,6 +62,7 @@ LABEL org.envbuild.entry-id="torch2.14.0-cu130-py3.11-bookworm" \
       org.envbuild.os="bookworm" \
       org.envbuild.lock-digest="sha256:8e1e8b58583015b62b22a8e005911d859046c6807ff633e63088c2fe5f5cbd89" \
       org.envbuild.stage="image" \
+      org.envbuild.user="1000:1000" \
       org.envbuild.run.shm-size="1g" \
       org.opencontainers.image.title="torch 2.14.0 (CUDA 13.0, cu130, Python 3.11)" \
       org.opencontainers.image.version="2.14.0" \
