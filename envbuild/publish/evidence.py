@@ -146,7 +146,7 @@ def _add_to_referrers_tag(
     tag = referrers_tag(subject_digest)
     # Read, merge, write is a race between publishers of the same image: on this host a lock
     # orders them; across hosts, the read-back below catches a write that replaced ours.
-    with _host_lock(f"{client.host}/{repository}:{tag}"):
+    with host_lock(f"{client.host}/{repository}:{tag}"):
         for _ in range(_MERGE_TRIES):
             existing = _fallback_index(client, repository, subject_digest) or []
             manifests = [
@@ -167,7 +167,7 @@ def _add_to_referrers_tag(
 
 
 @contextmanager
-def _host_lock(name: str) -> Iterator[None]:
+def host_lock(name: str) -> Iterator[None]:
     """An exclusive lock among envbuild processes of this host, named by `name`."""
     locks = data_dir() / "locks"
     try:
