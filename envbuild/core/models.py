@@ -24,6 +24,12 @@ IMAGE_UID = 1000
 IMAGE_HOME = "/home/envbuild"
 
 
+def user_spec(user: str) -> str:
+    """The numeric USER, uid:gid, of an image that runs as `user` (one of USER_CHOICES)."""
+    uid = 0 if user == ROOT_USER else IMAGE_UID
+    return f"{uid}:{uid}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Variant:
     """One build of a framework release: CPU-only or for one CUDA minor version."""
@@ -218,8 +224,7 @@ class Entry:
     @property
     def user_spec(self) -> str:
         """The image's numeric USER, uid:gid: what runAsNonRoot checks and the user label holds."""
-        uid = 0 if self.user == ROOT_USER else IMAGE_UID
-        return f"{uid}:{uid}"
+        return user_spec(self.user)
 
     def combination(self) -> Combination:
         """The matrix point this entry was resolved from."""

@@ -34,6 +34,7 @@ import sys
 import time
 import traceback
 
+import image_user
 import package_imports
 import payload_versions
 import smoke_harness as harness
@@ -493,6 +494,7 @@ def run_allreduce(jax, ar, errors, versions):
 
 def smoke(run):
     force_host_devices()
+    image_user.user_section(run)
     jax = run.load("jax")
     if jax is None:
         return

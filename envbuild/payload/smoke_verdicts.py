@@ -7,7 +7,8 @@ all of them:
     bandwidth as nccl-tests defines it (algbw, busbw);
   * the training sections -- a compiled step, an input pipeline, a checkpoint that resumes
     where it stopped, numpy interop, the lock's packages: their parts before anything ran and
-    their verdicts (their checks are smoke_harness.TRAINING_CHECKS).
+    their verdicts (their checks are smoke_harness.TRAINING_CHECKS);
+  * the user -- who the payload ran as and what it may write (image_user.py), judged on the host.
 
 Standard library and the sibling payload modules only, Python 3.8 and later.
 """
@@ -18,6 +19,7 @@ import math
 import os
 from typing import Any
 
+import image_user
 import package_imports
 import payload_versions
 import smoke_harness as harness
@@ -142,6 +144,7 @@ def training_parts() -> dict[str, Any]:
     }  # fmt: skip
     parts["numpy"] = {"skipped": None, "version": None, "ok": False, "seconds": None}
     parts["packages"] = package_imports.packages_part()
+    parts["user"] = image_user.user_part()
     return parts
 
 

@@ -34,6 +34,7 @@ import os
 import platform
 import time
 
+import image_user
 import package_imports
 import smoke_harness as harness
 import smoke_verdicts as verdicts
@@ -393,6 +394,7 @@ def run_allreduce(tf, ar, errors, versions):
 
 
 def smoke(run):
+    image_user.user_section(run)
     tf = run.load("tensorflow")
     if tf is None:
         return

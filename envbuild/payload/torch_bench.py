@@ -29,7 +29,6 @@ import gc
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -384,7 +383,7 @@ def prepare_inductor(state, part):
     behind for the loader's fork)."""
     import torch._inductor.config as inductor_config
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="envbuild-inductor-")
+    part["cache_dir"] = torch_smoke.fresh_inductor_cache()
     inductor_config.compile_threads = 1
     part["compile_threads"] = 1
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")

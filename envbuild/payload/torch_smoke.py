@@ -9,6 +9,8 @@ smoke_verdicts.py judges what the sections measured, alike for every framework; 
 the torch part alone.
 
 Sections:
+  * user                -- who the payload runs as, and what it may write
+                           (image_user.py);
   * versions / devices  -- what the image and the machine provide;
   * train               -- ~20 optimizer steps of a tiny MLP on a fixed batch
                            (autocast bf16/fp16 on GPU, float32 on CPU); the
@@ -25,7 +27,8 @@ Sections:
   * numpy               -- torch.from_numpy / .numpy() round trip (skipped
                            when the image has no numpy);
   * compile             -- a torch.compile'd step (inductor: C++ on CPU, triton
-                           on GPU) trains; a missing compiler is named;
+                           on GPU) trains, its kernels cached in the image's
+                           cache folder; a missing compiler is named;
   * packages            -- every top-level module of every distribution in
                            the image's lock imports, in a child interpreter.
 
@@ -46,6 +49,7 @@ import tempfile
 import time
 import traceback
 
+import image_user
 import package_imports
 import payload_versions
 import smoke_harness as harness
@@ -321,6 +325,18 @@ def compiler_problem(exc, use_cuda):
     return None
 
 
+def fresh_inductor_cache():
+    """A fresh inductor cache, so that the kernels really are built here, never taken from an
+    earlier run; made inside the folder the image names for it (TORCHINDUCTOR_CACHE_DIR), so that
+    a compiled step proves the image's user can cache kernels where the image says."""
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if configured:
+        os.makedirs(configured, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="envbuild-inductor-", dir=configured or None)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
+
+
 def run_compile(torch, part, steps=COMPILE_STEPS):
     """Fill ``part``: a torch.compile'd training step (inductor: C++ on CPU, triton on GPU)
     trains and its loss falls; raise with the cause when the image cannot compile."""
@@ -334,8 +350,7 @@ def run_compile(torch, part, steps=COMPILE_STEPS):
         raise RuntimeError("torch.compile needs a C++ compiler (g++) in the image: no g++ on PATH")
     import torch._inductor.config as inductor_config
 
-    # A fresh cache: the kernels really are built here, never taken from an earlier run.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="envbuild-inductor-")
+    part["cache_dir"] = fresh_inductor_cache()
     # One process compiles (no worker pool to start on a small host); on the CPU without
     # vectorization probes (a dozen extra compiler runs), which keeps the section to seconds.
     inductor_config.compile_threads = 1
@@ -528,7 +543,7 @@ def run_numpy(torch, part):
 def training_parts():
     """The report's parts: the harness's training parts and what torch adds to them."""
     parts = verdicts.training_parts()
-    parts["compile"].update(compiler=None, vectorized=None)
+    parts["compile"].update(compiler=None, vectorized=None, cache_dir=None)
     parts["loader"].update(
         workers=LOADER_WORKERS, shm_bytes=None, shm_free_bytes=None, workers_seen=[]
     )
@@ -536,6 +551,7 @@ def training_parts():
 
 
 def smoke(run):
+    image_user.user_section(run)
     torch = run.load("torch")
     if torch is None:
         return

@@ -330,15 +330,15 @@ class _Validator:
 
     def user(self, where: str, raw: Any) -> str | None:
         """Who an image runs as: one of USER_CHOICES; None, reported, for anything else."""
-        fix = (
-            f"choose {IMAGE_USER} (the default: uid {IMAGE_UID}, not root) or root, e.g. user: root"
-        )
+        choices = " or ".join(USER_CHOICES)
+        why = f"{IMAGE_USER}, the default, runs as uid {IMAGE_UID}, not root"
         if not isinstance(raw, str):
-            self.fail(where, f"expected a user name, got {yaml_kind(raw)}; {fix}")
+            self.fail(where, f"expected {choices}, got {yaml_kind(raw)}; {why}")
             return None
         if raw not in USER_CHOICES:
-            hint = _suggest(raw.strip().lower(), list(USER_CHOICES)) if raw.isprintable() else ""
-            self.fail(where, f"{shown(raw, 40)} is not a user envbuild builds for{hint}; {fix}")
+            near = difflib.get_close_matches(raw.strip().lower(), USER_CHOICES, n=1, cutoff=0.5)
+            hint = f" (did you mean {near[0]!r}?)" if near and raw.isprintable() else ""
+            self.fail(where, f"{shown(raw, 40)} is not {choices}{hint}; {why}")
             return None
         return raw
 

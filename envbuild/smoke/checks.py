@@ -1,14 +1,17 @@
-"""The smoke report checked on the host: the payload's own verdicts, section by section, and the
-versions it read against the image's labels. Pure functions of the report and the labels."""
+"""The smoke report checked on the host: the payload's own verdicts, section by section, and
+what it read (the versions, the user it ran as) against the image's labels. Pure functions of the
+report and the labels."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from envbuild.core import labels as label_keys
-from envbuild.core.models import CPU
+from envbuild.core.models import CPU, ROOT_USER, user_spec
 from envbuild.core.results import SmokeCheck
 from envbuild.payload import smoke_harness as harness
+
+ROOT_SPEC = user_spec(ROOT_USER)
 
 
 def _version_base(text: str | None) -> str | None:
@@ -89,7 +92,50 @@ def check_report(
         *_core_checks(payload, errors, gpus=gpus),
         *_section_checks(payload, errors),
         *_version_checks(payload, labels),
+        *_user_checks(payload, labels),
     ]
+
+
+def _user_checks(payload: dict[str, Any], labels: dict[str, str]) -> list[SmokeCheck]:
+    """The user the payload ran as against the image's user label (uid:gid); a user that is not
+    root must be able to write HOME and the caches, and must not be able to write into the
+    environment. An image without the label (built before it) is not checked."""
+    expected = labels.get(label_keys.USER)
+    if not expected:
+        return []
+    found = payload.get("user")
+    part: dict[str, Any] = found if isinstance(found, dict) else {}
+    uid, gid = part.get("uid"), part.get("gid")
+    ran_as = f"{uid}:{gid}" if isinstance(uid, int) and isinstance(gid, int) else None
+    problems = [] if ran_as == expected else [f"ran as {ran_as or 'an unknown user'}"]
+    if expected != ROOT_SPEC:
+        problems += _non_root_problems(part)
+    name = f" ({part['name']})" if isinstance(part.get("name"), str) else ""
+    if problems:
+        detail = f"{'; '.join(problems)}; the image's {label_keys.USER} label says {expected}"
+    elif expected == ROOT_SPEC:
+        detail = f"ran as {ran_as}{name}, as the matrix chose (user: root)"
+    else:
+        detail = (
+            f"ran as {ran_as}{name}, not root: HOME and the caches writable, "
+            f"the environment {part.get('environment')} read-only"
+        )
+    return [SmokeCheck(name="user", passed=not problems, detail=detail[:500])]
+
+
+def _non_root_problems(part: dict[str, Any]) -> list[str]:
+    """What a user that is not root got wrong: HOME or a cache it cannot write, an environment
+    it can write into, or a report that does not say."""
+    folders, unwritable = part.get("folders"), part.get("unwritable")
+    if not isinstance(folders, dict) or not isinstance(unwritable, dict):
+        return ["the payload did not say which folders its user can write"]
+    problems = [f"cannot write {k} {folders.get(k, '?')} ({why})" for k, why in unwritable.items()]
+    writable = part.get("environment_writable")
+    if not isinstance(writable, list):
+        problems.append("the payload did not say whether its user can write the environment")
+    elif writable:
+        problems.append(f"can write into the environment ({', '.join(map(str, writable))})")
+    return problems
 
 
 def _core_checks(payload: dict[str, Any], errors: list[Any], *, gpus: bool) -> list[SmokeCheck]:

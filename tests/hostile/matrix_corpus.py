@@ -587,6 +587,60 @@ def package_cases() -> Iterator[Case]:
     )
 
 
+# Strings that are no user envbuild makes: near misses of its two, other users and ids, and text
+# no Dockerfile or one-line message may take as it is.
+NOT_USERS = (
+    "Root", "ROOT", "root ", " root", "root\n", "Envbuild", "nobody", "ubuntu", "0", "1000",
+    "0:0", "1000:1000", "root:root", "~root", "$USER", "root; rm -rf /", "r\u043e\u043et",
+    "envbuild\u200b", "root\x07", "root\x00", "\x1b[31mroot", "-", "r" * 5000,
+)  # fmt: skip
+# One entry spelt five ways (the newest torch's CPU image, an include's default release).
+SAME_ENTRY = (
+    {"framework": "torch", "cuda": "cpu"},
+    {"framework": "torch", "framework_version": "latest", "cuda": "cpu"},
+    {"framework": "torch", "cuda": "cpu", "python": "3.11"},
+    {"framework": "torch", "cuda": "cpu", "os": "bookworm"},
+    {"cuda": "cpu"},
+)
+
+
+def user_cases() -> Iterator[Case]:
+    """`user` in defaults and in an include: envbuild's two users plan, anything else (every YAML
+    type, every near miss) is one line naming the place; two spellings of one entry that give it
+    different users are refused."""
+    valid = load_shipped_text(VALID)
+    for place in ("defaults", "include"):
+        for user in ("envbuild", "root"):
+            yield Case(f"user-{place}-{user}", dump(with_user(valid, place, user)))
+        values = {**{f"type-{n}": v for n, v in RETYPES.items()}, **dict(enumerate(NOT_USERS))}
+        for name, value in values.items():
+            where = "defaults.user" if place == "defaults" else "include[0].user"
+            yield Case(
+                f"user-{place}-{name}",
+                partial(dump, with_user(valid, place, value)),
+                expect=f"{where}: ",
+            )
+    for i, first in enumerate(SAME_ENTRY):
+        for j, second in enumerate(SAME_ENTRY):
+            document = {
+                **valid,
+                "include": [{**first, "user": "root"}, {**second, "user": "envbuild"}],
+            }
+            yield Case(f"user-twice-{i}-{j}", dump(document), expect="give that entry one user")
+
+
+def load_shipped_text(text: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(text)
+    return document
+
+
+def with_user(document: dict[str, Any], place: str, user: Any) -> dict[str, Any]:
+    """`document` with `user` in its defaults, or in an include of its torch CPU entry."""
+    if place == "defaults":
+        return {**document, "defaults": {"user": user}}
+    return {**document, "include": [{"framework": "torch", "cuda": "cpu", "user": user}]}
+
+
 def matrix_corpus() -> list[Case]:
     cases: list[Case] = []
     for stem, path in SHIPPED.items():
@@ -604,6 +658,7 @@ def matrix_corpus() -> list[Case]:
         size_cases,
         special_cases,
         package_cases,
+        user_cases,
     ):
         cases += generate()
     return cases

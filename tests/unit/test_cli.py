@@ -112,6 +112,32 @@ def test_render_writes_contexts(tmp_path: Path, knowledge: Knowledge) -> None:
     assert "torch2.4.1-cu121-py3.11-bookworm" in out
 
 
+def test_user_root_on_the_command_line_renders_an_image_that_runs_as_root(
+    tmp_path: Path, knowledge: Knowledge
+) -> None:
+    chosen = Selection(framework="torch", framework_version="2.4.1", cuda="12.1")
+    fresh_lock(the_entry(knowledge, chosen), BuildOptions(), knowledge)
+    selectors = ("--framework-version", "2.4.1", "--cuda", "12.1")
+    code, _, err = run("render", *selectors, "--user", "root", "-o", str(tmp_path / "root"))
+    assert code == 0, err
+    dockerfile = (tmp_path / "root" / "torch2.4.1-cu121-py3.11-bookworm" / "Dockerfile").read_text()
+    assert "\nUSER 0:0\n" in dockerfile
+    code, _, err = run("render", *selectors, "-o", str(tmp_path / "default"))
+    assert code == 0, err
+    dockerfile = (
+        tmp_path / "default" / "torch2.4.1-cu121-py3.11-bookworm" / "Dockerfile"
+    ).read_text()
+    assert "\nUSER 1000:1000\n" in dockerfile
+    code, out, err = run("plan", *selectors, "--user", "root", "--format", "json")
+    assert code == 0, err
+    assert {e["user"] for e in json.loads(out)["entries"]} == {"root"}
+    for wrong in ("Root", "nobody", "0", ""):
+        code, _, err = run("plan", *selectors, "--user", wrong)
+        assert code == 2
+        assert "--user" in err
+        assert "'envbuild', 'root'" in err
+
+
 def test_help_imports_neither_docker_nor_jinja() -> None:
     code = (
         "import sys\n"

@@ -295,3 +295,44 @@ def test_a_matrix_with_neither_axes_nor_includes_names_both_fixes(
             load_matrix(write(tmp_path, text), knowledge)
     with pytest.raises(MatrixError, match=r"include\[0\]\.framework: missing; with no axes"):
         load_matrix(write(tmp_path, "include: [{cuda: cpu}]\n"), knowledge)
+
+
+def test_images_run_as_envbuild_unless_the_matrix_or_an_include_says_root(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    def users(defaults: str = "", include: str = "", **kwargs: Any) -> dict[str, str]:
+        text = (
+            f"defaults: {{python: '3.12'{defaults}}}\n"
+            "axes:\n  framework: [torch, jax]\n  cuda: [cpu]\n"
+            + (f"include:\n{include}" if include else "")
+        )
+        matrix = load_matrix(write(tmp_path, text), knowledge)
+        plan = make_plan(knowledge, matrix, Selection(), newest_only=True, **kwargs)
+        return {e.framework: e.user for e in plan.entries}
+
+    assert users() == {"torch": "envbuild", "jax": "envbuild"}
+    assert users(", user: root") == {"torch": "root", "jax": "root"}
+    jax_root = "  - {framework: jax, cuda: cpu, user: root}\n"
+    assert users(include=jax_root) == {"torch": "envbuild", "jax": "root"}
+    assert users(include=jax_root * 2) == {"torch": "envbuild", "jax": "root"}
+    torch_back = "  - {framework: torch, cuda: cpu, user: envbuild}\n"
+    assert users(", user: root", torch_back) == {"torch": "envbuild", "jax": "root"}
+    # The command line's --user wins over the matrix.
+    assert users(include=jax_root, user="envbuild") == {"torch": "envbuild", "jax": "envbuild"}
+    assert users(user="root") == {"torch": "root", "jax": "root"}
+
+
+def test_two_includes_of_one_entry_that_disagree_on_its_user_are_refused(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    text = (
+        "include:\n  - {framework: jax, cuda: cpu, user: root}\n"
+        "  - {framework: jax, cuda: cpu, packages: [optax], user: envbuild}\n"
+    )
+    path = write(tmp_path, text)
+    with pytest.raises(MatrixError) as caught:
+        make_plan(knowledge, load_matrix(path, knowledge), Selection())
+    assert caught.value.problems == [
+        f"{path}: include[1].user: 'envbuild', but include[0] of the same entry says 'root'; "
+        "give that entry one user"
+    ]

@@ -3,6 +3,7 @@ is rendered, and a content hash that follows the lock, never the CA bundle or th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -72,6 +73,7 @@ CASES = {
     "tensorflow-2.20.0-cpu": ("2.20.0", "cpu", "plain", None),
     "jax-0.10.2-cuda12": ("0.10.2", "12", "plain", None),
     "jax-0.10.2-cuda13-mirror": ("0.10.2", "13", "mirror", None),
+    "torch-2.13.0-cpu-root": ("2.13.0", "cpu", "root", None),
 }
 
 
@@ -99,12 +101,10 @@ def options_for(kind: str, tmp_path: Path) -> BuildOptions:
 def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> None:
     version, cuda, kind, probe = CASES[name]
     framework = name.split("-")[0]
-    context = render_entry(
-        entry(knowledge, version, cuda, framework=framework),
-        options_for(kind, tmp_path),
-        probe,
-        LOCK,
-    )
+    chosen = entry(knowledge, version, cuda, framework=framework)
+    if kind == "root":  # a matrix's `user: root`
+        chosen = dataclasses.replace(chosen, user="root")
+    context = render_entry(chosen, options_for(kind, tmp_path), probe, LOCK)
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
         golden.write_text(context.dockerfile)
@@ -386,3 +386,69 @@ def test_a_password_in_the_framework_index_is_never_shown() -> None:
         assert password not in redact(said)
     finally:
         forget_all()
+
+
+def instructions(dockerfile: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines and comments left out."""
+    found, continued = [], False
+    for line in dockerfile.splitlines():
+        if not continued and line and not line.startswith("#"):
+            found.append(line)
+        continued = line.endswith("\\")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("framework", "version"), [("torch", "2.13.0"), ("tensorflow", "2.20.0"), ("jax", "0.10.2")]
+)
+def test_images_end_as_a_numeric_non_root_user_with_a_writable_home(
+    knowledge: Knowledge, framework: str, version: str
+) -> None:
+    context = render_entry(
+        entry(knowledge, version, "cpu", framework=framework), BuildOptions(), None, LOCK
+    )
+    steps = instructions(context.dockerfile)
+    users = [step for step in steps if step.startswith("USER")]
+    # Numeric, so that runAsNonRoot can verify it without reading /etc/passwd.
+    assert users == ["USER 1000:1000"]
+    after = steps[steps.index(users[0]) + 1 :]
+    assert [step.split()[0] for step in after] == ["LABEL"]  # nothing runs as the user at build
+    install = next(i for i, step in enumerate(steps) if "install_env.py /opt/venv" in step)
+    assert install < steps.index(
+        users[0]
+    )  # root installs the environment: the user cannot change it
+    assert not re.search(r"(chown|chmod)[^\n]*/opt/venv", context.dockerfile)
+    assert 'HOME="/home/envbuild"' in context.dockerfile
+    assert 'XDG_CACHE_HOME="/home/envbuild/.cache"' in context.dockerfile
+    assert "WORKDIR /home/envbuild" in steps
+    assert 'org.envbuild.user="1000:1000"' in context.dockerfile
+    caches = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+    named = {name for name in caches if f"{name}=" in context.dockerfile}
+    # torch.compile's kernels: inductor's cache, and triton's on a GPU, under HOME.
+    assert named == (caches if framework == "torch" else set())
+    if framework == "torch":
+        assert 'TORCHINDUCTOR_CACHE_DIR="/home/envbuild/.cache/torchinductor"' in context.dockerfile
+        assert 'TRITON_CACHE_DIR="/home/envbuild/.cache/triton"' in context.dockerfile
+
+
+def test_a_root_entry_says_so_and_makes_no_user(knowledge: Knowledge) -> None:
+    chosen = dataclasses.replace(entry(knowledge, "0.10.2", "cpu", framework="jax"), user="root")
+    context = render_entry(chosen, BuildOptions(), None, LOCK)
+    assert [s for s in instructions(context.dockerfile) if s.startswith("USER")] == ["USER 0:0"]
+    assert "useradd" not in context.dockerfile
+    assert 'org.envbuild.user="0:0"' in context.dockerfile
+    default = render_entry(
+        entry(knowledge, "0.10.2", "cpu", framework="jax"), BuildOptions(), None, LOCK
+    )
+    assert context.content_hash != default.content_hash  # another image, never taken for it
+
+
+@pytest.mark.parametrize("user", ["", "Root", "nobody", "1000", "root\n", "envbuild ", "0:0"])
+def test_an_entry_with_a_user_envbuild_does_not_make_is_one_line(
+    knowledge: Knowledge, user: str
+) -> None:
+    chosen = dataclasses.replace(entry(knowledge, "0.10.2", "cpu", framework="jax"), user=user)
+    with pytest.raises(BadInput) as caught:
+        render_entry(chosen, BuildOptions(), None, LOCK)
+    assert "\n" not in caught.value.message
+    assert "choose envbuild or root" in caught.value.message

@@ -178,3 +178,78 @@ def test_each_training_section_is_a_check_and_a_failed_one_says_why() -> None:
     assert checks["numpy_interop"].detail == "skipped: numpy is not installed in this image"
     assert checks["numpy_interop"].passed
     assert not checks["payload"].passed
+
+
+USER_LABELS = {**LABELS, "org.envbuild.user": "1000:1000"}
+RAN_AS_USER: dict[str, Any] = {
+    "uid": 1000,
+    "gid": 1000,
+    "name": "envbuild",
+    "folders": {"HOME": "/home/envbuild", "XDG_CACHE_HOME": "/home/envbuild/.cache"},
+    "unwritable": {},
+    "environment": "/opt/venv",
+    "environment_writable": [],
+}
+
+
+def user_failure(part: Any, label: str = "1000:1000") -> str | None:
+    """The user check's detail when it failed, None when it passed."""
+    report = {**REPORT, "user": part}
+    (check,) = [
+        c
+        for c in check_report(report, {**LABELS, "org.envbuild.user": label}, gpus=True)
+        if c.name == "user"
+    ]
+    return None if check.passed else check.detail
+
+
+def test_the_user_the_payload_ran_as_is_checked_against_the_label() -> None:
+    assert user_failure(RAN_AS_USER) is None
+    passed = [c for c in check_report({**REPORT, "user": RAN_AS_USER}, USER_LABELS, gpus=True)]
+    assert [c.detail for c in passed if c.name == "user"] == [
+        "ran as 1000:1000 (envbuild), not root: HOME and the caches writable, the environment "
+        "/opt/venv read-only"
+    ]
+    as_root = {**RAN_AS_USER, "uid": 0, "gid": 0, "name": "root"}
+    assert user_failure(as_root) == (
+        "ran as 0:0; the image's org.envbuild.user label says 1000:1000"
+    )
+    # root where the matrix chose it: the environment is root's to write.
+    assert user_failure({**as_root, "environment_writable": ["/opt/venv"]}, "0:0") is None
+
+
+def test_an_image_without_the_user_label_is_not_checked() -> None:
+    assert "user" not in {c.name for c in check_report(REPORT, LABELS, gpus=True)}
+
+
+def test_a_user_who_cannot_write_its_caches_or_can_write_the_environment_fails() -> None:
+    unwritable = {
+        **RAN_AS_USER,
+        "folders": {**RAN_AS_USER["folders"], "TRITON_CACHE_DIR": "/home/envbuild/.cache/triton"},
+        "unwritable": {"TRITON_CACHE_DIR": "PermissionError: [Errno 13] Permission denied"},
+    }
+    assert user_failure(unwritable) == (
+        "cannot write TRITON_CACHE_DIR /home/envbuild/.cache/triton (PermissionError: [Errno 13] "
+        "Permission denied); the image's org.envbuild.user label says 1000:1000"
+    )
+    writable = {**RAN_AS_USER, "environment_writable": ["/opt/venv/lib/python3.11/site-packages"]}
+    assert user_failure(writable) == (
+        "can write into the environment (/opt/venv/lib/python3.11/site-packages); "
+        "the image's org.envbuild.user label says 1000:1000"
+    )
+
+
+MALFORMED_USER_PARTS = [
+    None, [], "1000", 1000, {},
+    *({**RAN_AS_USER, key: value} for key in ("uid", "gid")
+      for value in (None, "1000", 1000.0, True, [1000], {"a": 1})),
+    *({**RAN_AS_USER, "environment_writable": value} for value in (None, "no", {}, 0, True)),
+    *({**RAN_AS_USER, "unwritable": value} for value in (["HOME"], {"HOME": None}, {1: 2})),
+]  # fmt: skip
+
+
+def test_a_malformed_user_part_fails_the_check_never_the_host() -> None:
+    for part in MALFORMED_USER_PARTS:
+        detail = user_failure(copy.deepcopy(part))
+        assert detail is not None, part
+        assert "\n" not in detail

@@ -50,7 +50,9 @@ def verdicts() -> Iterator[ModuleType]:
         yield importlib.import_module("smoke_verdicts")
     finally:
         sys.path.remove(str(PAYLOAD))
-        for name in ("smoke_verdicts", "smoke_harness", "package_imports", "payload_versions"):
+        for name in (
+            "smoke_verdicts", "smoke_harness", "package_imports", "payload_versions", "image_user",
+        ):  # fmt: skip
             sys.modules.pop(name, None)
 
 
@@ -507,6 +509,8 @@ def test_the_injected_files_run_together(tmp_path: Path, framework: str) -> None
     assert report["errors"] == ["import: ImportError: not in this test"]
     assert {"versions", "devices", "train", "allreduce", "checks"} <= set(report)
     assert report["versions"]["python"] == platform.python_version()
+    # Who it ran as is said before the framework loads, so even a broken image reports it.
+    assert (report["user"]["uid"], report["user"]["gid"]) == (os.getuid(), os.getgid())
     checks = {c.name: c.passed for c in check_report(report, {}, gpus=False)}
     # Without its framework nothing passes: neither the core checks nor a training section's.
     assert {"payload", "loss_fell", "allreduce"} <= set(checks)
@@ -547,3 +551,32 @@ def test_a_broken_numpy_round_trip_names_what_broke(verdicts: ModuleType) -> Non
     assert part["ok"] is False
     verdicts.judge_round_trip(part, {"round_trip": True})
     assert part["ok"] is True
+
+
+def test_the_user_part_names_who_ran_and_each_folder_it_cannot_write(tmp_path: Path) -> None:
+    # HOME is missing (the section makes it, as the tools would); XDG's cache lies below a
+    # regular file and triton's inside /proc: no user, root included, can make either.
+    (tmp_path / "file").write_text("")
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "XDG_CACHE_HOME": str(tmp_path / "file" / "cache"),
+        "TRITON_CACHE_DIR": "/proc/envbuild-triton",
+    }
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(PAYLOAD)!r}); import image_user; "
+        "part = image_user.user_part(); image_user.run_user(part); print(json.dumps(part))"
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S,
+        env={**clean, **env}, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    part = json.loads(result.stdout)
+    assert (part["uid"], part["gid"]) == (os.getuid(), os.getgid())
+    assert part["folders"] == env
+    assert set(part["unwritable"]) == {"XDG_CACHE_HOME", "TRITON_CACHE_DIR"}
+    assert part["unwritable"]["XDG_CACHE_HOME"].startswith("NotADirectoryError")
+    assert (tmp_path / "home").is_dir()
+    assert part["environment"] == sys.prefix
+    assert (sys.prefix in part["environment_writable"]) == os.access(sys.prefix, os.W_OK)
