@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from envbuild import __version__
-from envbuild.build.render import render_entry, write_context
+from envbuild.build.render import INSTALLER, INSTALLER_NAME, render_entry, write_context
 from envbuild.build.server import serve_build
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, BuildFailed
-from envbuild.core.interrupt import scratch_prefix
+from envbuild.core.interrupt import run_id, scratch_prefix
 from envbuild.core.labels import SERVE_ARG
 from envbuild.core.models import (
     BaseProbe,
@@ -120,6 +122,7 @@ def build_entry(
     server's address in NO_PROXY; an --offline build gets none (it has no route off the host)."""
     entry = context.entry
     start = time.monotonic()
+    started = datetime.now(UTC)
     existing = None if no_cache else _built_before(engine, store, context)
     if existing is not None:
         return _found(engine, entry, existing, start)
@@ -139,6 +142,7 @@ def build_entry(
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
     store.record_built(context.content_hash, entry.id, entry.image, image_id)
+    store.record_provenance(image_id, _build_facts(engine, context, started))
     return BuiltImage(
         entry=entry,
         id=image_id,
@@ -147,6 +151,20 @@ def build_entry(
         log_path=log_path,
         seconds=time.monotonic() - start,
     )
+
+
+def _build_facts(engine: Engine, context: BuildContext, started: datetime) -> dict[str, Any]:
+    """What the image's signed provenance will say about this build (publish/attestations)."""
+    base = engine.image(context.base_image)
+    return {
+        "base_image": context.base_image,
+        "base_image_id": base.id if base is not None else None,
+        "dockerfile_sha256": hashlib.sha256(context.dockerfile.encode()).hexdigest(),
+        "installer": f"{INSTALLER_NAME} sha256:{hashlib.sha256(INSTALLER.read_bytes()).hexdigest()}",
+        "started": started.isoformat(),
+        "finished": datetime.now(UTC).isoformat(),
+        "invocation": run_id(),
+    }
 
 
 def _found(engine: Engine, entry: Entry, existing: ImageInfo, start: float) -> BuiltImage:

@@ -40,7 +40,7 @@ from envbuild.net.trust import trusting
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from envbuild.publish.push import Candidate, Published
+    from envbuild.publish.push import Candidate, Published, PublishLines
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -135,15 +135,14 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
     from envbuild.build.render import render_entry, write_context
     from envbuild.core.errors import BadInput
     from envbuild.core.names import shown
+    from envbuild.core.places import check_output_folder
 
+    check_output_folder(output, "-o")  # before the locks, which may take the network
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     known, _, result = plan_from(kwargs, newest_only=False)
     locks = locks_for(result.entries, options, matrix_path, known, locked=locked)
     where = f"-o {shown(str(output))}"
     try:
-        if output.exists() and not output.is_dir():
-            msg = f"{where}: not a folder; pass a folder to write the build contexts into"
-            raise BadInput(msg)
         output.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
@@ -209,10 +208,12 @@ def build(
     """
 
     from envbuild.cli.progress import ProgressView
+    from envbuild.core.places import check_output_files
     from envbuild.core.store import ResultStore
     from envbuild.pipeline.entries import RunOptions, run_entries
     from envbuild.pipeline.runs import push_passed, record_run
 
+    check_output_files(("--report", report_file), ("--junit", junit_file))  # before the builds
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     with trusting(options.ca_bundle):  # the registry of --push is checked against it too
         knowledge, _, result = plan_from(kwargs, newest_only=True)
@@ -245,7 +246,7 @@ def build(
             sys.exit(EXIT_FAILED)
 
 
-def _publish_lines(registry: str) -> dict[str, Callable[..., None]]:
+def _publish_lines(registry: str) -> PublishLines:
     """What publishing shows: each image as it starts (stderr), each reference pushed (stdout)."""
 
     def start(item: Candidate) -> None:
@@ -287,6 +288,7 @@ def publish(
     attached to its digest; then the moving tags (torch2.13-cpu-py3.11, latest) follow.
     """
     from envbuild.core.errors import BadInput
+    from envbuild.core.places import check_output_files
     from envbuild.core.store import ResultStore
     from envbuild.engine.interface import connect
     from envbuild.knowledge.load import load_knowledge
@@ -300,6 +302,7 @@ def publish(
     if images and picked(kwargs):
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
+    check_output_files(("--report", report_file))  # before any push
     fleet = fleet_from(load_knowledge(), None, fleet_gpus)
     gpus = fleet.gpus if fleet else ()
     if images:

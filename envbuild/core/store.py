@@ -47,6 +47,12 @@ CREATE TABLE IF NOT EXISTS bench (
     created TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS bench_image ON bench (image_ref, host, created);
+CREATE TABLE IF NOT EXISTS provenance (
+    image_id TEXT NOT NULL,
+    facts TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS provenance_image ON provenance (image_id, created);
 """
 
 
@@ -172,6 +178,29 @@ class ResultStore:
         return BuiltRecord(
             content_hash=row[0], entry_id=row[1], image_ref=row[2], image_id=row[3], created=row[4]
         )
+
+    def record_provenance(self, image_id: str, facts: dict[str, Any]) -> None:
+        """Keep how envbuild built this image (base, Dockerfile, installer, times), for its
+        signed provenance."""
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO provenance VALUES (?, ?, ?)", (image_id, json.dumps(facts), _now())
+            )
+
+    def provenance(self, image_id: str) -> dict[str, Any]:
+        """The newest build facts recorded for this image id; {} when there are none (an image
+        built before they were recorded, or not by envbuild) or they are damaged."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT facts FROM provenance WHERE image_id = ? "
+                "ORDER BY created DESC, rowid DESC LIMIT 1",
+                (image_id,),
+            ).fetchone()
+        try:
+            facts = json.loads(row[0]) if row is not None else {}
+        except ValueError:
+            facts = {}
+        return facts if isinstance(facts, dict) else {}
 
     def record_published(self, image_id: str, reference: str, digest: str) -> None:
         """Keep a verified publication."""

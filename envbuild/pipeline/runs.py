@@ -9,6 +9,7 @@ from pathlib import Path
 from envbuild.core.results import EntryResult
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import connect
+from envbuild.publish.keys import SigningKey
 from envbuild.publish.push import Candidate, Published, entry_candidates, publish_reported
 from envbuild.report.documents import append_step_summary, write_build_reports
 
@@ -38,8 +39,10 @@ def push_passed(
     *,
     on_start: Callable[[Candidate], None],
     on_published: Callable[[Candidate, Published], None],
+    signing_key: SigningKey | None = None,
 ) -> None:
-    """Publish the entries that passed and that the registry did not already hold vetted."""
+    """Publish the entries that passed and that the registry did not already hold vetted (and,
+    with a `signing_key`, signed with it)."""
     fresh = [r.entry for r in results if r.passed and r.published is None]
     if not fresh:
         return
@@ -48,5 +51,5 @@ def push_passed(
     items = entry_candidates(engine, store, fresh)
     publish_reported(
         engine, store, items, registry, report_file=None, on_start=on_start,
-        on_published=on_published,
+        on_published=on_published, signing_key=signing_key,
     )  # fmt: skip

@@ -79,6 +79,36 @@ class BuildFacts:
     invocation: str | None = None  # the run's id
 
 
+def build_facts(
+    image_id: str, labels: Mapping[str, str], recorded: Mapping[str, Any]
+) -> BuildFacts:
+    """BuildFacts from the image's labels and what the build recorded (ResultStore.provenance);
+    a recorded value of the wrong type is left out, never trusted."""
+
+    def text(key: str) -> str | None:
+        value = recorded.get(key)
+        return value if isinstance(value, str) and value else None
+
+    def moment(key: str) -> datetime | None:
+        value = text(key)
+        try:
+            return datetime.fromisoformat(value) if value else None
+        except ValueError:
+            return None
+
+    return BuildFacts(
+        image_id=image_id,
+        labels=labels,
+        base_image=text("base_image"),
+        base_image_id=text("base_image_id"),
+        dockerfile_sha256=text("dockerfile_sha256"),
+        installer=text("installer"),
+        started=moment("started"),
+        finished=moment("finished"),
+        invocation=text("invocation"),
+    )
+
+
 def provenance(facts: BuildFacts) -> dict[str, Any]:
     """The SLSA provenance v1 predicate of an image envbuild built."""
     labels = facts.labels

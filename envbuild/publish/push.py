@@ -6,20 +6,23 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.models import Entry, Gpu
 from envbuild.core.names import split_tag
-from envbuild.core.store import ResultStore
+from envbuild.core.store import ResultStore, SmokeRecord
 from envbuild.core.versions import cuda_tag
 from envbuild.engine.interface import Engine
 from envbuild.net.credentials import docker_auth_config
 from envbuild.plan.matrix import newest_per_framework
+from envbuild.publish import attestations, cosign
 from envbuild.publish.evidence import PACKAGES, SMOKE_REPORT, attach_evidence, image_config_digest
+from envbuild.publish.keys import SigningKey
 from envbuild.publish.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from envbuild.publish.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
+from envbuild.publish.signing import Subject, sign_image
 from envbuild.publish.verify import Target, held_digest, target
 from envbuild.registry import RegistryClient
 from envbuild.report.documents import write_json
@@ -30,6 +33,13 @@ PACKAGES_SCRIPT = (
     "echo '# dpkg'; (dpkg-query -W -f '${Package} ${Version}\\n' 2>/dev/null || true)"
 )
 LOCK_SCRIPT = "cat /opt/venv/envbuild.lock 2>/dev/null || true"  # images before locks have none
+
+
+class PublishLines(TypedDict):
+    """What a caller shows as publishing goes: each image as it starts, each reference pushed."""
+
+    on_start: Callable[[Candidate], None]
+    on_published: Callable[[Candidate, Published], None]
 
 
 class NotVetted(EnvbuildError):
@@ -153,13 +163,15 @@ def publish_images(
     on_start: Callable[[Candidate], None],
     on_published: Callable[[Candidate, Published], None],
     fleet: tuple[Gpu, ...] = (),
+    signing_key: SigningKey | None = None,
 ) -> None:
     """Publish each candidate in turn (see publish_image); stop at the first failure."""
     for item in items:
         on_start(item)
         pushed = publish_image(
-            engine, store, item, registry, on_line=lambda line: None, fleet=fleet
-        )
+            engine, store, item, registry, on_line=lambda line: None, fleet=fleet,
+            signing_key=signing_key,
+        )  # fmt: skip
         for done in pushed:
             on_published(item, done)
 
@@ -174,6 +186,7 @@ def publish_reported(
     on_start: Callable[[Candidate], None],
     on_published: Callable[[Candidate, Published], None],
     fleet: tuple[Gpu, ...] = (),
+    signing_key: SigningKey | None = None,
 ) -> None:
     """Publish each candidate (see publish_images); `report_file`, when given, lists what was
     published, written even when a publication fails."""
@@ -185,8 +198,9 @@ def publish_reported(
 
     try:
         publish_images(
-            engine, store, items, registry, on_start=on_start, on_published=done, fleet=fleet
-        )
+            engine, store, items, registry, on_start=on_start, on_published=done, fleet=fleet,
+            signing_key=signing_key,
+        )  # fmt: skip
     finally:
         if report_file is not None:
             write_json(report_file, {"registry": registry, "published": published})
@@ -200,10 +214,46 @@ def publish_image(
     *,
     on_line: Callable[[str], None],
     fleet: tuple[Gpu, ...] = (),
+    signing_key: SigningKey | None = None,
 ) -> list[Published]:
-    """Push one vetted image under its immutable tag, verify the digest, attach the evidence, then
-    move the moving tags; record the publication only when the registry holds the tested image.
-    With a `fleet` (--gpu), an image without kernels for one of its GPUs is refused first."""
+    """Push one vetted image under its immutable tag, verify the digest, attach the evidence
+    (and, with a `signing_key`, sign it and its attestations), then move the moving tags; record
+    the publication only when the registry holds the tested image. With a `fleet` (--gpu), an
+    image without kernels for one of its GPUs is refused first."""
+    record = _vetted(engine, store, item, fleet)
+    where = target(registry, item.name, item.tag, item.content_hash or item.image_id[7:])
+    host, repository = where.host, where.repository
+    auth = docker_auth_config(host)
+    with RegistryClient.for_host(host) as client:
+        _refuse_overwrite(client, where, item)
+        target_ref = where.reference
+        pushed = engine.push(item.image_id, target_ref, auth_config=auth, on_line=on_line)
+        held, manifest = _held_manifest(client, where, item, pushed)
+        store.record_published(item.image_id, f"{host}/{repository}@{held}", held)
+        results = [Published(reference=target_ref, digest=held, kind="immutable")]
+        subject = (held, manifest.media_type, manifest.size)
+        evidence, sbom = _attach_evidence(engine, client, repository, item, record, subject)
+        results.append(
+            Published(reference=f"{host}/{repository}@{evidence}", digest=evidence, kind="evidence")
+        )
+        if signing_key is not None:
+            results += _sign(engine, client, Subject(host=host, repository=repository, digest=held),
+                             signing_key, store, item, record.report, sbom)  # fmt: skip
+        for tag in item.moving:
+            reference = f"{host}/{repository}:{tag}"
+            moved = engine.push(item.image_id, reference, auth_config=auth, on_line=on_line)
+            if client.manifest_digest(repository, tag) != held or moved != held:
+                msg = f"{reference}: the moving tag does not point at {held} after the push"
+                raise EnvbuildError(msg)
+            store.record_published(item.image_id, reference, held)
+            results.append(Published(reference=reference, digest=held, kind="moving"))
+    return results
+
+
+def _vetted(
+    engine: Engine, store: ResultStore, item: Candidate, fleet: tuple[Gpu, ...]
+) -> SmokeRecord:
+    """The passing smoke record of the candidate's exact image id; NotVetted otherwise."""
     record = store.latest_smoke(item.image_id)
     if record is None or not record.passed:
         why = "has never been smoke-tested" if record is None else "failed its last smoke test"
@@ -217,55 +267,91 @@ def publish_image(
     if refusal:
         msg = f"refusing to publish {item.source} for --gpu: {refusal}"
         raise NotVetted(msg)
-    where = target(registry, item.name, item.tag, item.content_hash or item.image_id[7:])
-    host, repository, immutable = where.host, where.repository, where.immutable
-    auth = docker_auth_config(host)
-    with RegistryClient.for_host(host) as client:
-        _refuse_overwrite(client, where, item)
-        target_ref = where.reference
-        pushed = engine.push(item.image_id, target_ref, auth_config=auth, on_line=on_line)
-        held = client.manifest_digest(repository, immutable)
-        if held != pushed:
-            msg = f"{target_ref}: the registry holds {held}, but the push reported {pushed}; not published"
-            raise EnvbuildError(msg)
-        body, media_type, _ = client.manifest_raw(repository, held)
-        try:
-            manifest = json.loads(body)
-        except ValueError:
-            manifest = None
-        if not isinstance(manifest, dict):
-            raise client.malformed(target_ref, kind="manifest", why="it is not a JSON object")
-        config = image_config_digest(client, manifest, target_ref)
-        if config != item.image_id:
-            msg = f"{target_ref}: the registry's image config is {config}, not the tested image {item.image_id}"
-            raise EnvbuildError(msg)
-        store.record_published(item.image_id, f"{host}/{repository}@{held}", held)
-        results = [Published(reference=target_ref, digest=held, kind="immutable")]
-        packages = engine.run(item.image_id, ["/bin/sh", "-c", PACKAGES_SCRIPT], timeout=120).stdout
-        lock = engine.run(item.image_id, ["/bin/sh", "-c", LOCK_SCRIPT], timeout=60).stdout
-        sbom = sbom_document(
-            target_ref, item.image_id, [*lock_packages(lock), *dpkg_packages(packages)]
-        )
-        evidence = attach_evidence(
-            client, repository, held, media_type, len(body),
-            {
-                SMOKE_REPORT: (json.dumps(record.report, indent=2).encode(), "application/json"),
-                PACKAGES: (packages.encode(), "text/plain"),
-                SBOM: (sbom, SBOM_MEDIA_TYPE),
-            },
-        )  # fmt: skip
-        results.append(
-            Published(reference=f"{host}/{repository}@{evidence}", digest=evidence, kind="evidence")
-        )
-        for tag in item.moving:
-            reference = f"{host}/{repository}:{tag}"
-            moved = engine.push(item.image_id, reference, auth_config=auth, on_line=on_line)
-            if client.manifest_digest(repository, tag) != held or moved != held:
-                msg = f"{reference}: the moving tag does not point at {held} after the push"
-                raise EnvbuildError(msg)
-            store.record_published(item.image_id, reference, held)
-            results.append(Published(reference=reference, digest=held, kind="moving"))
-    return results
+    return record
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Manifest:
+    media_type: str
+    size: int
+
+
+def _held_manifest(
+    client: RegistryClient, where: Target, item: Candidate, pushed: str
+) -> tuple[str, _Manifest]:
+    """The digest the registry holds under the immutable tag, once it is the push's and its
+    config is the tested image's; with its manifest's media type and size."""
+    held = client.manifest_digest(where.repository, where.immutable)
+    if held != pushed:
+        msg = f"{where.reference}: the registry holds {held}, but the push reported {pushed}; not published"
+        raise EnvbuildError(msg)
+    body, media_type, _ = client.manifest_raw(where.repository, held)
+    try:
+        manifest = json.loads(body)
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise client.malformed(where.reference, kind="manifest", why="it is not a JSON object")
+    config = image_config_digest(client, manifest, where.reference)
+    if config != item.image_id:
+        msg = f"{where.reference}: the registry's image config is {config}, not the tested image {item.image_id}"
+        raise EnvbuildError(msg)
+    return held, _Manifest(media_type=media_type, size=len(body))
+
+
+def _attach_evidence(
+    engine: Engine,
+    client: RegistryClient,
+    repository: str,
+    item: Candidate,
+    record: SmokeRecord,
+    subject: tuple[str, str, int],
+) -> tuple[str, bytes]:
+    """Attach the smoke report, the package list and the SBOM to the image; the evidence's
+    digest and the SBOM."""
+    held = subject[0]
+    packages = engine.run(item.image_id, ["/bin/sh", "-c", PACKAGES_SCRIPT], timeout=120).stdout
+    lock = engine.run(item.image_id, ["/bin/sh", "-c", LOCK_SCRIPT], timeout=60).stdout
+    reference = f"{client.host}/{repository}@{held}"
+    sbom = sbom_document(reference, item.image_id, [*lock_packages(lock), *dpkg_packages(packages)])
+    evidence = attach_evidence(
+        client, repository, *subject,
+        {
+            SMOKE_REPORT: (json.dumps(record.report, indent=2).encode(), "application/json"),
+            PACKAGES: (packages.encode(), "text/plain"),
+            SBOM: (sbom, SBOM_MEDIA_TYPE),
+        },
+    )  # fmt: skip
+    return evidence, sbom
+
+
+def _sign(
+    engine: Engine,
+    client: RegistryClient,
+    subject: Subject,
+    key: SigningKey,
+    store: ResultStore,
+    item: Candidate,
+    report: dict[str, Any],
+    sbom: bytes,
+) -> list[Published]:
+    """Sign the pushed digest and attest its smoke verdict, provenance and SBOM."""
+    image = engine.image(item.image_id)
+    labels = image.labels if image is not None else {}
+    facts = attestations.build_facts(item.image_id, labels, store.provenance(item.image_id))
+    predicates = {
+        cosign.TEST_RESULT: attestations.test_result(
+            report, payload_digest=str(report.get("payload_digest") or "") or None
+        ),
+        cosign.SLSA_PROVENANCE: attestations.provenance(facts),
+        cosign.CYCLONEDX: json.loads(sbom),
+    }
+    signature, attested = sign_image(client, subject, key.private, predicates)
+    where = subject.reference
+    return [
+        Published(reference=f"{where}:{cosign.signature_tag(subject.digest)}", digest=signature, kind="signature"),
+        Published(reference=f"{where}:{cosign.attestation_tag(subject.digest)}", digest=attested, kind="attestations"),
+    ]  # fmt: skip
 
 
 def _refuse_overwrite(client: RegistryClient, where: Target, item: Candidate) -> None:

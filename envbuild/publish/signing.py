@@ -95,13 +95,16 @@ def sign_image(
 def _append_layers(
     client: RegistryClient, subject: Subject, tag: str, layers: list[dict[str, Any]]
 ) -> str:
-    """Merge `layers` into the manifest at `tag` (made if absent); its digest once it holds them."""
+    """Merge `layers` into the manifest at `tag` (made if absent); its digest once it holds them.
+
+    A layer is its blob and its annotations: two signers of one image sign the same payload
+    blob, and each keeps its own signature annotation."""
     repository = subject.repository
-    wanted = {layer["digest"] for layer in layers}
+    wanted = {_identity(layer) for layer in layers}
     with host_lock(f"{client.host}/{repository}:{tag}"):
         for _ in range(_MERGE_TRIES):
             existing = _layers_at(client, subject, tag) or []
-            merged = [*(d for d in existing if d.get("digest") not in wanted), *layers]
+            merged = [*(d for d in existing if _identity(d) not in wanted), *layers]
             config = {
                 "architecture": "",
                 "os": "",
@@ -116,12 +119,20 @@ def _append_layers(
                 "layers": merged,
             }
             digest = client.push_manifest(repository, tag, manifest, OCI_MANIFEST)
-            after = {d.get("digest") for d in _layers_at(client, subject, tag) or []}
-            if wanted <= after:
+            if wanted <= {_identity(d) for d in _layers_at(client, subject, tag) or []}:
                 return digest
             log.info("%s:%s changed while it was updated; merging again", repository, tag)
-    msg = f"{client.host}/{repository}:{tag}: another signer kept replacing it; sign again when it is done"
+    msg = (
+        f"{client.host}/{repository}:{tag}: another signer kept replacing it; "
+        "sign again when it is done"
+    )
     raise RegistryError(msg)
+
+
+def _identity(layer: dict[str, Any]) -> tuple[str, str]:
+    """What makes a signature layer itself: its blob and its signature annotation."""
+    annotations = layer.get("annotations") or {}
+    return str(layer.get("digest")), str(annotations.get(cosign.SIGNATURE_ANNOTATION, ""))
 
 
 def _layers_at(client: RegistryClient, subject: Subject, tag: str) -> list[dict[str, Any]] | None:

@@ -9,14 +9,10 @@ the errors a user meets: no or wrong credentials, a stopped registry, unknown na
 from __future__ import annotations
 
 import base64
-import gzip
-import hashlib
-import io
 import json
 import logging
 import shutil
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +44,7 @@ from envbuild.registry import (
     default_scheme,
     parse_reference,
 )
-from tests.support.registry_server import RegistryServer
+from tests.support.registry_server import RegistryServer, push_image, sha256
 
 USER = "envbuild-ci"
 PASSWORD = "pa55-registry-Z3cret"  # searched for in every message and log record
@@ -100,59 +96,6 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryS
 def write_docker_config(config_dir: Path, host: str, user: str, password: str) -> None:
     auth = base64.b64encode(f"{user}:{password}".encode()).decode()
     (config_dir / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
-
-
-def tiny_image(marker: str) -> tuple[bytes, bytes, bytes]:
-    """(layer .tar.gz, image config JSON, manifest JSON) of a one-file OCI image."""
-    tar_buffer = io.BytesIO()
-    with tarfile.open(fileobj=tar_buffer, mode="w") as archive:
-        data = f"envbuild registry test {marker}\n".encode()
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    layer_tar = tar_buffer.getvalue()
-    layer = gzip.compress(layer_tar, mtime=0)
-    config = json.dumps(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Labels": {"org.envbuild.test": marker}},
-            "rootfs": {"type": "layers", "diff_ids": [sha256(layer_tar)]},
-        }
-    ).encode()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": sha256(config),
-                "size": len(config),
-            },
-            "layers": [
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": sha256(layer),
-                    "size": len(layer),
-                }
-            ],
-        },
-        indent=2,  # not the client's own serialisation: the digest must be of these bytes
-    ).encode()
-    return layer, config, manifest
-
-
-def sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def push_image(client: RegistryClient, repository: str, tag: str) -> tuple[str, int]:
-    """Push a tiny image; returns its manifest digest (computed here) and size."""
-    layer, config, manifest = tiny_image(f"{repository}:{tag}")
-    client.push_blob(repository, layer, "application/vnd.oci.image.layer.v1.tar+gzip")
-    client.push_blob(repository, config, "application/vnd.oci.image.config.v1+json")
-    assert client.push_manifest(repository, tag, manifest, OCI_MANIFEST) == sha256(manifest)
-    return sha256(manifest), len(manifest)
 
 
 EVIDENCE = {

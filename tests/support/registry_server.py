@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
+import hashlib
 import http.client
+import io
 import json
 import secrets
 import shutil
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +31,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import requests
+
+from envbuild.registry import OCI_MANIFEST, RegistryClient
 
 INSTALL_HINT = "apt-get update && apt-get install -y docker-registry apache2-utils"
 TOKEN_SERVICE = "envbuild-test-registry"
@@ -476,3 +482,56 @@ def blob_commit(method: str, path: str) -> bool:
 def manifest_put(method: str, path: str) -> bool:
     """A request that writes a manifest: PUT …/manifests/<tag or digest>."""
     return method == "PUT" and "/manifests/" in path
+
+
+def tiny_image(marker: str) -> tuple[bytes, bytes, bytes]:
+    """(layer .tar.gz, image config JSON, manifest JSON) of a one-file OCI image."""
+    tar_buffer = io.BytesIO()
+    with tarfile.open(fileobj=tar_buffer, mode="w") as archive:
+        data = f"envbuild registry test {marker}\n".encode()
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    layer_tar = tar_buffer.getvalue()
+    layer = gzip.compress(layer_tar, mtime=0)
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": {"org.envbuild.test": marker}},
+            "rootfs": {"type": "layers", "diff_ids": [sha256(layer_tar)]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": sha256(config),
+                "size": len(config),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": sha256(layer),
+                    "size": len(layer),
+                }
+            ],
+        },
+        indent=2,  # not the client's own serialisation: the digest must be of these bytes
+    ).encode()
+    return layer, config, manifest
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def push_image(client: RegistryClient, repository: str, tag: str) -> tuple[str, int]:
+    """Push a tiny image; returns its manifest digest (computed here) and size."""
+    layer, config, manifest = tiny_image(f"{repository}:{tag}")
+    client.push_blob(repository, layer, "application/vnd.oci.image.layer.v1.tar+gzip")
+    client.push_blob(repository, config, "application/vnd.oci.image.config.v1+json")
+    assert client.push_manifest(repository, tag, manifest, OCI_MANIFEST) == sha256(manifest)
+    return sha256(manifest), len(manifest)
