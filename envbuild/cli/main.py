@@ -34,6 +34,7 @@ from envbuild.cli.options import (
     selectors,
     user_option,
 )
+from envbuild.cli.signing import keys, policy
 from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
 
@@ -445,3 +446,5 @@ main.add_command(bench)
 main.add_command(knowledge)
 main.add_command(base)
 main.add_command(lock)
+main.add_command(keys)
+main.add_command(policy)

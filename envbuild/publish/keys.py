@@ -57,11 +57,7 @@ def generate_key(out: Path, password: str, *, force: bool = False) -> Path:
         msg = f"{PASSWORD_ENV} is empty; set it to the password that will protect {out}"
         raise BadInput(msg)
     register(password)
-    public_path = out.with_suffix(".pub")
-    for path in (out, public_path):
-        if not force and (path.exists() or path.is_symlink()):
-            msg = f"{shown(str(path))} already exists; pass --force to replace it, or another --out"
-            raise BadInput(msg)
+    public_path = check_key_paths(out, force=force)
     private = ec.generate_private_key(ec.SECP256R1())
     pem = private.private_bytes(
         serialization.Encoding.PEM,
@@ -78,6 +74,17 @@ def generate_key(out: Path, password: str, *, force: bool = False) -> Path:
             f"cannot write {shown(str(exc.filename or out))}: {exc.strerror}; pass a writable --out"
         )
         raise BadInput(msg) from None
+    return public_path
+
+
+def check_key_paths(out: Path, *, force: bool = False) -> Path:
+    """The public key's path beside `out`, once neither file is there to be overwritten (or
+    `force`); a command asks for a password only after this."""
+    public_path = out.with_suffix(".pub")
+    for path in (out, public_path):
+        if not force and (path.exists() or path.is_symlink()):
+            msg = f"{shown(str(path))} already exists; pass --force to replace it, or another --out"
+            raise BadInput(msg)
     return public_path
 
 
