@@ -120,13 +120,15 @@ def held_digest(client: RegistryClient, where: Target) -> str | None:
 def published_already(client: RegistryClient, where: Target) -> Verification | None:
     """The immutable tag's image and evidence when it was published and vetted; None when the
     tag is not there. A tag without passing evidence is an error: envbuild never wrote one, and
-    it must not be overwritten or taken as vetted."""
-    if held_digest(client, where) is None:
-        return None
-    try:
-        found = verify_digest(client, where.repository, where.immutable, where.reference)
-    except EvidenceNotFound:
-        found = None
+    it must not be overwritten or taken as vetted. The tag and its evidence are one operation
+    under one deadline."""
+    with client.operation():
+        if held_digest(client, where) is None:
+            return None
+        try:
+            found = verify_digest(client, where.repository, where.immutable, where.reference)
+        except EvidenceNotFound:
+            found = None
     if found is None or not found.passed:
         why = "no envbuild evidence" if found is None else "evidence of a failed smoke test"
         msg = (

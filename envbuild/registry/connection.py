@@ -321,8 +321,8 @@ class RegistryConnection:
         except RedirectRefused as exc:
             msg = f"registry {self.host} redirected {what} {exc.why}; envbuild does not follow it"
             raise RegistryError(msg) from None
-        except DeadlineExceeded:
-            raise self._too_slow(what, deadline) from None
+        except DeadlineExceeded as exc:
+            raise self._too_slow(what, deadline, exc) from None
         raise RegistryUnreachable(msg) from None
 
     def read(
@@ -346,10 +346,16 @@ class RegistryConnection:
             msg = f"registry {self.host} broke off sending {what} ({exc.cause}); try again later"
             raise RegistryUnreachable(msg) from None
 
-    def _too_slow(self, what: str, deadline: Deadline) -> RegistryUnreachable:
+    def _too_slow(
+        self, what: str, deadline: Deadline, exc: DeadlineExceeded | None = None
+    ) -> RegistryUnreachable:
+        """The one line for an operation that its deadline ended, with the last try's answer
+        when the deadline ended the retries rather than a try."""
+        tried = f" ({_tries(exc.tries)}; the last {exc.last})" if exc and exc.tries else ""
         msg = (
-            f"registry {self.host} did not complete {what} within {deadline.seconds:g} s; it "
-            f"is not answering or too slow: try again later, or set {DEADLINE_ENV} to more seconds"
+            f"registry {self.host} did not complete {what} within {deadline.seconds:g} s{tried}; "
+            f"it is not answering or too slow: try again later, or set {DEADLINE_ENV} to more "
+            "seconds"
         )
         return RegistryUnreachable(msg)
 

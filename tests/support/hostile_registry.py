@@ -68,6 +68,7 @@ class Answer:
     length: int | str | None = "auto"
     pause: float = 0.0  # seconds before each chunk
     stall: bool = False  # read the request, then never answer
+    hold: bool = False  # after what it sent, keep the connection open and send nothing more
     raw: Iterable[bytes] | None = None  # bytes sent as they are, status line and all
 
 
@@ -131,6 +132,7 @@ class HostileRegistry:
         if answer.raw is not None:
             handle.close_connection = True
             self._write(handle, answer.raw, answer.pause)
+            self._hold(answer)
             return
         chunks = [answer.body] if isinstance(answer.body, bytes) else answer.body
         handle.send_response_only(answer.status)
@@ -146,6 +148,11 @@ class HostileRegistry:
         handle.end_headers()
         if handle.command != "HEAD":
             self._write(handle, chunks, answer.pause)
+        self._hold(answer)
+
+    def _hold(self, answer: Answer) -> None:
+        if answer.hold:
+            self._stop.wait(120)
 
     def _write(self, handle: BaseHTTPRequestHandler, chunks: Iterable[bytes], pause: float) -> None:
         try:

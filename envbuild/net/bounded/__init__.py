@@ -5,10 +5,12 @@ hang or eat memory, or hand credentials to someone else:
 
 - `Deadline`: one monotonic deadline per operation, checked across retries and between socket
   reads; `watched` shuts the operation's sockets down when it passes, so even a status line or
-  header dripped a byte at a time ends on time (sessions from `watched_session`).
+  header dripped a byte at a time ends on time, and gives each address of a name only what is
+  left of it to connect (sessions from `watched_session`).
 - `read_body`: streamed reads that stop at a cap, whatever Content-Length says or omits.
 - `Retries`: the one retry policy (429/5xx and failed connections; Retry-After honoured,
-  bounded; exponential backoff), used by `Transport` and by the PyPI client.
+  bounded; exponential backoff; a bounded count of tries), used by `Transport` and by the PyPI
+  client. Under a deadline, each try gets what is left of it and no wait runs past it.
 - `Transport`: retries and redirects followed by hand: at most MAX_REDIRECTS, never from https
   down to plain http, Authorization only to its origin.
 - `same_origin`, `safe_for_credentials`, `next_link`, `is_loopback` (origins): where a link

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,17 @@ class BodyTooLarge(Exception):
 
 
 class DeadlineExceeded(Exception):
-    """The operation's total time ran out."""
+    """The operation's total time ran out, or what is left of it leaves no room for another try.
+
+    `tries` and `last` (what the last try got: "answered HTTP 503", "failed: timed out") are
+    set when a try ended on its own and the deadline stopped the retries; they stay empty when
+    the deadline cut a try short, whose failure is then no news about the server.
+    """
+
+    def __init__(self, *, tries: int = 0, last: str = "") -> None:
+        super().__init__(tries, last)
+        self.tries = tries
+        self.last = last
 
 
 class ReadFailed(Exception):
@@ -173,6 +184,8 @@ def describe_failure(exc: BaseException) -> str:
         seen.add(id(current))
         if isinstance(current, TimeoutError | requests.Timeout | urllib3.exceptions.TimeoutError):
             timed_out = True
+        elif isinstance(current, http.client.RemoteDisconnected):
+            return "the connection was closed without an answer"
         elif isinstance(current, OSError) and current.strerror:
             return printable(" ".join(str(current.strerror).split()))
         linked = (getattr(current, "reason", None), current.__cause__, current.__context__)

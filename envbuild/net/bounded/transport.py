@@ -16,6 +16,7 @@ from envbuild.net.bounded.bodies import (
     MAX_RETRY_AFTER,
     REDIRECT_STATUSES,
     Deadline,
+    DeadlineExceeded,
     Overloaded,
     RedirectRefused,
     TlsFailed,
@@ -59,8 +60,9 @@ class Retries:
 
     One policy for every HTTP client of envbuild: a failed connection, 429 or 5xx is tried
     again after the server's Retry-After (at most `longest` seconds), else an exponential
-    backoff; never past the deadline when there is one. Redirects followed in between count
-    toward the same tries.
+    backoff. Redirects followed in between count toward the same tries. With a deadline, every
+    try and every wait comes out of it: a wait that would not end before it is not started,
+    and the request ends in DeadlineExceeded, naming the last try's answer.
     """
 
     def __init__(
@@ -80,8 +82,8 @@ class Retries:
     def send(self, request: Callable[[], requests.Response], *, label: str) -> requests.Response:
         """The first answer that is neither 429 nor 5xx (its body unread).
 
-        Raises TlsFailed at once; Unreachable or Overloaded when the tries are spent or the
-        next wait would pass the deadline; DeadlineExceeded.
+        Raises TlsFailed at once; Unreachable or Overloaded when the tries are spent;
+        DeadlineExceeded when the deadline passed or leaves no time for the next wait.
         """
         while True:
             try:
@@ -92,8 +94,8 @@ class Retries:
                 self.failed += 1
                 cause = describe_failure(exc)
                 if self.deadline is not None:
-                    self.deadline.check()
-                if not self._wait(None):
+                    self.deadline.check()  # cut short by the deadline: its cause is no news
+                if not self._wait(None, last=f"failed: {cause}"):
                     raise Unreachable(cause, self.failed, error=exc) from None
                 log.warning("%s failed (%s); retrying", label, cause)
                 continue
@@ -102,20 +104,20 @@ class Retries:
                 return response
             close_quietly(response)
             self.failed += 1
-            if not self._wait(response.headers.get("Retry-After")):
+            if not self._wait(response.headers.get("Retry-After"), last=f"answered HTTP {status}"):
                 raise Overloaded(status, self.failed, reason=response.reason or "")
             log.warning("%s answered HTTP %s; retrying", label, status)
 
-    def _wait(self, retry_after: str | None) -> bool:
-        """Sleep before another try; False when none is left or the wait would not end before
-        the deadline."""
+    def _wait(self, retry_after: str | None, *, last: str) -> bool:
+        """Sleep before another try; False when no try is left. DeadlineExceeded when the wait
+        would not end before the deadline: then no other try starts."""
         if self.failed >= self.tries:
             return False
         delay = retry_after_seconds(retry_after, longest=self.longest)
         if delay is None:
             delay = min(self.backoff * 2 ** (self.failed - 1), self.longest)
         if self.deadline is not None and delay >= self.deadline.remaining():
-            return False
+            raise DeadlineExceeded(tries=self.failed, last=last)
         if delay > 0:
             time.sleep(delay)
         return True

@@ -6,7 +6,7 @@ import contextlib
 import socket
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import requests
@@ -14,6 +14,8 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError
+from urllib3.util.connection import allowed_gai_family
 
 from envbuild.net.bounded.bodies import MAX_REDIRECTS, Deadline
 
@@ -23,12 +25,18 @@ from envbuild.net.bounded.bodies import MAX_REDIRECTS, Deadline
 # where no check runs. So, while an operation is `watched`, each socket that its requests open
 # or reuse is noted, and when the deadline passes a timer shuts them down: the blocked read
 # returns, the request fails, and the caller sees the deadline gone.
+#
+# Before a socket exists there is nothing to shut down, and urllib3 gives each address of a
+# name the whole connect timeout: a name with many addresses that all drop the handshake would
+# take that many timeouts. So a watched connection tries the addresses itself, each within what
+# is left of the deadline.
 
 _watching = threading.local()
 
 
 class _Watch:
-    def __init__(self) -> None:
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._fired = False
@@ -63,7 +71,7 @@ def _note(sock: socket.socket | None) -> None:
 def watched(deadline: Deadline) -> Iterator[None]:
     """Shut down the sockets that requests made in this block use once `deadline` passes
     (requests over a session with a WatchedAdapter, in this thread)."""
-    watch = _Watch()
+    watch = _Watch(deadline)
     timer = threading.Timer(max(0.0, deadline.remaining()), watch.fire)
     timer.daemon = True
     outer = getattr(_watching, "watch", None)
@@ -76,9 +84,45 @@ def watched(deadline: Deadline) -> Iterator[None]:
         _watching.watch = outer
 
 
+def _connect(conn: HTTPConnection, connect: Callable[[], socket.socket]) -> socket.socket:
+    """`connect()` (urllib3's _new_conn) address by address, each given at most what is left
+    of the watched deadline; as urllib3 does it when no operation is watched."""
+    watch: _Watch | None = getattr(_watching, "watch", None)
+    if watch is None:
+        return connect()
+    name, timeout = conn._dns_host, conn.timeout
+    try:
+        found = socket.getaddrinfo(name, conn.port, allowed_gai_family(), socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return connect()  # which fails the same way, with urllib3's own error
+    failure: ConnectTimeoutError | None = None
+    try:
+        for address in dict.fromkeys(_numeric(info[4]) for info in found):
+            left = watch.deadline.remaining()
+            if left <= 0:
+                break
+            conn._dns_host = address
+            conn.timeout = min(timeout, left) if isinstance(timeout, int | float) else left
+            try:
+                return connect()
+            except ConnectTimeoutError as exc:  # NewConnectionError (refused, unreachable) too
+                failure = exc
+    finally:
+        conn._dns_host, conn.timeout = name, timeout
+    if failure is None:
+        raise ConnectTimeoutError(conn, f"Connection to {name} timed out: the deadline passed")
+    raise failure
+
+
+def _numeric(sockaddr: tuple[Any, ...]) -> str:
+    """The address of a getaddrinfo sockaddr as text, an IPv6 scope kept (fe80::1%2)."""
+    scope = sockaddr[3] if len(sockaddr) == 4 else 0
+    return f"{sockaddr[0]}%{scope}" if scope else str(sockaddr[0])
+
+
 class _WatchedHTTPConnection(HTTPConnection):
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
+        sock = _connect(self, super()._new_conn)
         _note(sock)  # before the TLS handshake, which can be dripped too
         return sock
 
@@ -89,7 +133,7 @@ class _WatchedHTTPConnection(HTTPConnection):
 
 class _WatchedHTTPSConnection(HTTPSConnection):
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
+        sock = _connect(self, super()._new_conn)
         _note(sock)
         return sock
 
