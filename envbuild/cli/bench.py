@@ -66,6 +66,7 @@ def bench(
     )
     from envbuild.bench.terminal import bench_lines
     from envbuild.core.errors import BadInput
+    from envbuild.core.places import check_output_files
     from envbuild.core.store import ResultStore
     from envbuild.engine.interface import connect
 
@@ -75,6 +76,7 @@ def bench(
     if not images and not picked(kwargs):
         msg = "nothing to bench: give IMAGE references, or -m MATRIX (every vetted image of it)"
         raise BadInput(msg)
+    check_output_files(("--json", json_file), ("--html", html_file))  # before minutes of work
     previous = None
     if compare is not None and compare != LAST:
         previous = load_document(Path(compare))  # a bad file fails before minutes of work

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
 import stat
 from collections.abc import Callable
@@ -30,7 +29,8 @@ from envbuild.core.atomic import write_atomically
 from envbuild.core.errors import BadInput
 from envbuild.core.models import BuildOptions, Entry, Knowledge, Lock
 from envbuild.core.names import public_url, shown
-from envbuild.core.places import lock_cache_dir
+from envbuild.core.places import CACHE_DIR_FIX, lock_cache_dir, unwritable
+from envbuild.lock.reach import Reachability
 from envbuild.lock.uv import MAX_LOCK_BYTES, platform_tag, resolve
 
 State = Literal["fresh", "stale", "missing", "unresolvable"]
@@ -88,7 +88,7 @@ def read_lock_text(path: Path) -> str | None:
     """A lock file's text (None when absent); bounded; undecodable bytes read as stale text."""
     try:
         mode = path.stat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # ENOTDIR: a file where a folder would be
         return None
     except OSError as exc:
         msg = f"{shown(str(path))}: cannot read the lock ({exc.strerror}); fix or remove it"
@@ -215,6 +215,7 @@ def update_lock(
     upgrade: bool = False,
     write: bool = True,
     found: OnDisk | None = None,
+    reachability: Reachability | None = None,
 ) -> LockUpdate:
     """Resolve the entry (keeping the old pins unless `upgrade`) and write its lock atomically,
     where `found` (default: where the entry's inputs place it) says."""
@@ -222,7 +223,9 @@ def update_lock(
     inputs, digest, path, old = found.inputs, found.digest, found.path, found.text
     before = found.state
     previous = old if old is not None and unresolvable_reason(old) is None else None
-    resolution = resolve(entry, options, knowledge, previous=previous, upgrade=upgrade)
+    resolution = resolve(
+        entry, options, knowledge, previous=previous, upgrade=upgrade, reachability=reachability
+    )
     text = header(entry, inputs, digest)
     if resolution.unresolvable is not None:
         text += f"# unresolvable: {resolution.unresolvable}\n"
@@ -248,11 +251,9 @@ def update_lock(
 
 
 def _writable(path: Path) -> bool:
-    """Whether a lock can be written at `path`: its nearest existing folder takes new files."""
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder.is_dir() and os.access(folder, os.W_OK) and not path.is_dir()
+    """Whether a lock can be written at `path`: its folder takes new files, or can be made so.
+    Tried, not read from permission bits, which root passes on a read-only mount."""
+    return unwritable(path.parent) is None and not path.is_dir()
 
 
 def refusal(entry: Entry, reason: str) -> str:
@@ -270,28 +271,40 @@ def lock_for(
     locked: bool,
     knowledge: Knowledge,
     note: Callable[[str], None] | None = None,
+    reachability: Reachability | None = None,
 ) -> Lock:
     """The entry's fresh lock: read it, or (unless `locked`) resolve and write it now, as cargo
     updates Cargo.lock; BadInput (one line) for a missing or stale lock under `locked`, and for
     an entry the resolver cannot satisfy. `note` hears of a lock written now (the CLI: stderr)."""
     found = on_disk(entry, options, matrix_path, knowledge)
-    path, text, state = found.path, found.text, found.state
+    text, state = found.text, found.state
     if state in ("missing", "stale") and locked:
         why = "missing" if text is None else f"stale ({why_stale(text, found.inputs)})"
-        msg = f"{path} is {why}; run {lock_command(matrix_path)}"
+        msg = f"{found.path} is {why}; run {lock_command(matrix_path)}"
         raise BadInput(msg)
+    kept: Path | None = found.path  # None: resolved for this run, kept nowhere
     if state in ("missing", "stale"):
-        said = f"{entry.id}: lock {'written' if text is None else 'updated'}: {path}"
-        if matrix_path is not None and not _writable(path):
+        said = f"{entry.id}: lock {'written' if text is None else 'updated'}: {found.path}"
+        if matrix_path is not None and not _writable(found.path):
             # A matrix in a read-only folder still builds: its lock goes to the cache, named by
             # the entry's inputs like the lock of a build without a matrix, and is reused there.
             cached = lock_path(entry, None, found.digest)
-            said = f"{entry.id}: {path.parent} cannot be written; lock kept in {cached}"
+            said = f"{entry.id}: {found.path.parent} cannot be written; lock kept in {cached}"
             found = dataclasses.replace(found, path=cached, text=read_lock_text(cached))
+            kept = cached
         if found.state in ("fresh", "unresolvable"):  # the cache held it already
             text = found.text
         else:
-            update = update_lock(entry, options, knowledge, matrix_path=matrix_path, found=found)
+            if not _writable(found.path):  # a cache is no state: the command still works
+                kept = None
+                said = (
+                    f"{entry.id}: {found.path.parent} cannot be written; lock resolved for this "
+                    f"run only ({CACHE_DIR_FIX} to keep it)"
+                )
+            update = update_lock(
+                entry, options, knowledge, matrix_path=matrix_path, found=found,
+                write=kept is not None, reachability=reachability,
+            )  # fmt: skip
             text = update.text
         if note is not None:
             note(said)
@@ -301,4 +314,4 @@ def lock_for(
     reason = unresolvable_reason(text)
     if reason is not None:
         raise BadInput(refusal(entry, reason))
-    return Lock(entry_id=entry.id, text=text, path=found.path)
+    return Lock(entry_id=entry.id, text=text, path=kept)

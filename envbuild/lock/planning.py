@@ -9,17 +9,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from envbuild.core.errors import EnvbuildError
+from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.models import BuildOptions, Entry, Exclusion, Knowledge, Lock, Plan
+from envbuild.core.names import shown
+from envbuild.core.places import CACHE_DIR_FIX, unwritable
 from envbuild.lock import MAX_JOBS
 from envbuild.lock.lockfile import (
     LockUpdate,
+    inputs_digest,
     lock_command,
     lock_for,
+    lock_inputs,
+    lock_path,
     on_disk,
     unresolvable_reason,
     update_lock,
 )
+from envbuild.lock.reach import Reachability
 
 _T = TypeVar("_T")
 
@@ -70,10 +76,13 @@ def locks_for(
     `locked`. Every entry is looked at before anything is refused: one line per entry whose lock
     is missing or stale under `locked`, or records no solution (BadInput, exit 2)."""
 
+    reachability = Reachability()  # each index is asked once, not once per entry
+
     def one(entry: Entry) -> Lock:
         return lock_for(
-            entry, options, matrix_path=matrix_path, locked=locked, knowledge=knowledge, note=note
-        )
+            entry, options, matrix_path=matrix_path, locked=locked, knowledge=knowledge, note=note,
+            reachability=reachability,
+        )  # fmt: skip
 
     locks = each_or_all_failures(one, entries, jobs=MAX_JOBS)
     return {lock.entry_id: lock for lock in locks}
@@ -93,14 +102,36 @@ def update_locks(
     """`envbuild lock`: resolve every entry, `jobs` at a time, and write its lock (unless not
     `write`); every entry is tried before the failures are raised, all in one error."""
 
+    if write:
+        check_lock_folders(entries, options, knowledge, matrix_path)
+    reachability = Reachability()
+
     def one(entry: Entry) -> LockUpdate:
         update = update_lock(
-            entry, options, knowledge, matrix_path=matrix_path, upgrade=upgrade, write=write
-        )
+            entry, options, knowledge, matrix_path=matrix_path, upgrade=upgrade, write=write,
+            reachability=reachability,
+        )  # fmt: skip
         on_resolved(update)
         return update
 
     return each_or_all_failures(one, entries, jobs=jobs)
+
+
+def check_lock_folders(
+    entries: Iterable[Entry], options: BuildOptions, knowledge: Knowledge, matrix_path: Path | None
+) -> None:
+    """BadInput, before anything is resolved, when a folder the locks go to cannot take files."""
+    digests = {e.id: inputs_digest(lock_inputs(e, options, knowledge)) for e in entries}
+    folders = {lock_path(e, matrix_path, digests[e.id]).parent for e in entries}
+    for folder in sorted(folders):
+        problem = unwritable(folder)
+        if problem is not None:
+            fix = CACHE_DIR_FIX if matrix_path is None else "make it writable"
+            msg = (
+                f"{shown(str(folder))}: cannot write the locks there ({problem}); {fix}, or run "
+                f"`{lock_command(matrix_path)} --check` to compare without writing"
+            )
+            raise BadInput(msg)
 
 
 def each_or_all_failures(
@@ -120,9 +151,9 @@ def each_or_all_failures(
         outcomes = list(pool.map(one, todo))
     failures = [o for o in outcomes if isinstance(o, EnvbuildError)]
     if failures:
-        raise max(failures, key=lambda e: e.exit_code).__class__(
-            "\n".join(f.message for f in failures)
-        )
+        # One index out of reach fails every entry on it alike: the same line, said once.
+        lines = dict.fromkeys(f.message for f in failures)
+        raise max(failures, key=lambda e: e.exit_code).__class__("\n".join(lines))
     return [o for o in outcomes if not isinstance(o, EnvbuildError)]
 
 

@@ -15,7 +15,9 @@ from urllib.parse import unquote, urlsplit
 
 from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.models import BuildOptions, Entry, Knowledge
+from envbuild.core.places import uv_cache_dir
 from envbuild.core.redact import redact
+from envbuild.lock.reach import Reachability
 from envbuild.lock.wheelhouse import framework_index
 from envbuild.net.trust import trust_session
 
@@ -142,6 +144,13 @@ def _uv_environment(entry: Entry, options: BuildOptions) -> dict[str, str]:
         env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
     if options.ca_bundle is not None:
         env["SSL_CERT_FILE"] = str(options.ca_bundle)
+    if "UV_NO_CACHE" not in env:
+        # uv's own default, ~/.cache/uv, fails the whole resolution when HOME cannot hold it.
+        cache = uv_cache_dir()
+        if cache is None:
+            env["UV_NO_CACHE"] = "1"  # uv keeps a temporary cache for the run
+        else:
+            env["UV_CACHE_DIR"] = str(cache)
     return env
 
 
@@ -160,10 +169,16 @@ def resolve(
     *,
     previous: str | None = None,
     upgrade: bool = False,
+    reachability: Reachability | None = None,
 ) -> Resolution:
     """Resolve the entry with uv, keeping `previous`'s pins where they still fit (unless
-    `upgrade`); EnvbuildError (one line) when uv fails for any reason but the requirements."""
+    `upgrade`); EnvbuildError (one line) when uv fails for any reason but the requirements,
+    and at once when an index it needs cannot be reached (`reachability`: what the run knows)."""
     requirements = "\n".join([entry.install.requirement, *entry.packages]) + "\n"
+    environment = _uv_environment(entry, options)  # a cache that cannot be used says so first
+    unreachable = (reachability or Reachability()).unreachable_index(entry, options)
+    if unreachable is not None:
+        raise EnvbuildError(unreachable)
     try:
         with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as scratch:
             output = Path(scratch) / "lock.txt"
@@ -176,7 +191,7 @@ def resolve(
                     input=requirements.encode(),
                     stdout=subprocess.DEVNULL,
                     stderr=err,
-                    env=_uv_environment(entry, options),
+                    env=environment,
                     timeout=UV_TIMEOUT_S,
                     check=False,
                 )

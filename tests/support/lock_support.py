@@ -1,9 +1,11 @@
 """Locks for tests that never install one: the in-memory engine builds nothing, so a lock only
 has to be well formed (what render accepts) and belong to its entry. Real locks come from uv
-(tests/unit/test_lock.py, the integration and e2e tiers)."""
+(tests/unit/test_lock.py, the integration and e2e tiers), here from tiny wheels (`make_wheel`)
+when a test resolves offline."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 from envbuild.core.models import BuildOptions, Entry, Knowledge, Lock, Selection
@@ -43,3 +45,16 @@ def the_entry(knowledge: Knowledge, selection: Selection) -> Entry:
         knowledge, knowledge_matrix(knowledge, selection, defaults), selection
     ).entries
     return entry
+
+
+def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A tiny pure wheel `name`-`version` in `folder`: what uv needs to resolve offline."""
+    dist = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    wheel = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files = {f"{name}/__init__.py": "", f"{dist}/METADATA": metadata, f"{dist}/WHEEL": wheel}
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)

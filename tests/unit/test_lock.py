@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,24 +36,13 @@ from envbuild.lock.lockfile import (
 from envbuild.lock.planning import plan_with_locks
 from envbuild.lock.uv import one_line_reason
 from envbuild.plan.matrix import load_matrix, make_plan
+from tests.support.lock_support import make_wheel
 
 SECRET = "Sup3rSecretPw"
 MATRIX = {
     "axes": {"framework": ["torch"], "framework_version": ["2.4.1"], "cuda": ["12.1"]},
     "defaults": {"packages": ["tinyb"]},
 }
-
-
-def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
-    dist = f"{name}-{version}.dist-info"
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    wheel = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    files = {f"{name}/__init__.py": "", f"{dist}/METADATA": metadata, f"{dist}/WHEEL": wheel}
-    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"])
-    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as archive:
-        for path, text in files.items():
-            archive.writestr(path, text)
 
 
 @pytest.fixture
