@@ -59,7 +59,10 @@ def ours(
 def derived(docker_client: docker.DockerClient, ours: str, tmp_path_factory: Any) -> str:
     """A team's training image FROM envbuild's, as the issue's reproduction builds it."""
     context = tmp_path_factory.mktemp("derived")
-    (context / "Dockerfile").write_text(f"FROM {ENTRY_IMAGE}\nRUN echo mine > /mine\n")
+    # As a team writes it: root for its own steps, then back to the image's user.
+    (context / "Dockerfile").write_text(
+        f"FROM {ENTRY_IMAGE}\nUSER 0:0\nRUN echo mine > /mine\nUSER 1000:1000\n"
+    )
     image, _ = docker_client.images.build(
         path=str(context), tag=DERIVED, labels={TEST_LABEL: "1"}, rm=True, network_mode="none"
     )

@@ -10,6 +10,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import docker
 import pytest
 
 from tests.support.docker_support import CpuMatrix
@@ -63,3 +64,23 @@ def test_three_entries_two_at_a_time(cpu_matrix: CpuMatrix) -> None:
     text = summary.read_text()
     assert "3/3 entries passed" in text
     assert text.count("✅ passed") == 3
+
+
+def test_images_run_as_envbuild_unless_the_matrix_chose_root(
+    cpu_matrix: CpuMatrix, docker_client: docker.DockerClient
+) -> None:
+    # The fixture's matrix gives its JAX include `user: root`; the others keep the default.
+    results = {
+        r["entry"]["framework"]: r for r in json.loads(cpu_matrix.report.read_text())["results"]
+    }
+    expected = {"torch": "envbuild", "tensorflow": "envbuild", "jax": "root"}
+    assert {f: r["entry"]["user"] for f, r in results.items()} == expected
+    for framework, result in results.items():
+        spec = "0:0" if expected[framework] == "root" else "1000:1000"
+        image = docker_client.images.get(result["image"]["id"])
+        assert image.attrs["Config"]["User"] == spec, framework
+        assert image.labels["org.envbuild.user"] == spec, framework
+        user = result["smoke"]["user"]
+        assert (f"{user['uid']}:{user['gid']}", user["name"]) == (spec, expected[framework])
+        checks = {c["name"]: c for c in result["smoke"]["checks"]}
+        assert checks["user"]["passed"] is True, (framework, checks["user"])

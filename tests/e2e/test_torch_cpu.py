@@ -45,6 +45,16 @@ def test_the_image_is_built_and_proves_it_trains(
     assert allreduce["busbw_gbps"] == pytest.approx(allreduce["algbw_gbps"] * 2 * (2 - 1) / 2)
     assert smoke["versions"]["framework"] == "2.13.0+cpu"
     assert smoke["versions"]["cuda"] is None
+    # Every section ran as the image's non-root user: the compiled step (its kernels cached
+    # under HOME), the DataLoader's workers (/dev/shm), the checkpoint (a temporary folder).
+    user = smoke["user"]
+    assert (user["uid"], user["gid"], user["name"]) == (1000, 1000, "envbuild")
+    assert user["unwritable"] == {}
+    assert user["environment_writable"] == []
+    checks = {check["name"]: check["passed"] for check in smoke["checks"]}
+    for name in ("user", "compiled_step", "data_loader", "checkpoint_resumed"):
+        assert checks[name] is True, name
+    assert smoke["compile"]["cache_dir"].startswith("/home/envbuild/.cache/torchinductor/")
     assert Path(result["image"]["log"]).read_text().count("Step ") >= 10
 
 
@@ -55,6 +65,9 @@ def test_the_image_is_labelled(docker_client: docker.DockerClient, first_build: 
     assert labels["org.envbuild.python"] == "3.11"
     assert len(labels["org.envbuild.content-hash"]) == 64
     assert labels["org.opencontainers.image.version"] == "2.13.0"
+    # A numeric non-root user: what Kubernetes' runAsNonRoot verifies without /etc/passwd.
+    assert docker_client.images.get(IMAGE).attrs["Config"]["User"] == "1000:1000"
+    assert labels["org.envbuild.user"] == "1000:1000"
     # The install step's marker (for finding a dead build's container) ends with the step: no
     # container of the image is taken for a leftover of a build.
     assert labels["org.envbuild.stage"] == "image"
@@ -81,8 +94,49 @@ def test_no_helper_file_or_credential_reaches_the_image(
         ],
         remove=True,
         network_mode="none",
+        user="0:0",  # the whole file system, root's folders included; the image runs as envbuild
     ).decode()
     assert listing.strip() == ""
+
+
+def test_the_user_writes_its_home_and_caches_but_not_the_environment(
+    docker_client: docker.DockerClient, first_build: object
+) -> None:
+    site = "/opt/venv/lib/python3.11/site-packages"
+    script = (
+        "id -u; id -g; echo $HOME; "
+        "for d in $HOME $XDG_CACHE_HOME $TORCHINDUCTOR_CACHE_DIR $TRITON_CACHE_DIR; do "
+        "mkdir -p $d && touch $d/probe && echo wrote $d; done; "
+        f"touch {site}/planted.py 2>/dev/null && echo PLANTED-SITE; "
+        "touch /opt/venv/bin/planted 2>/dev/null && echo PLANTED-BIN; "
+        f"rm -rf {site}/torch 2>/dev/null; test -d {site}/torch || echo REMOVED-TORCH; "
+        # Nothing of the environment is the user's or writable by anyone but root.
+        "find /opt/venv ! -user root -print -quit; find /opt/venv ! -type l -perm -o=w -print -quit"
+    )
+    lines = (
+        docker_client.containers.run(IMAGE, ["sh", "-c", script], remove=True, network_mode="none")
+        .decode()
+        .split()
+    )
+    home = "/home/envbuild"
+    assert lines[:3] == ["1000", "1000", home]
+    written = [f"{home}", f"{home}/.cache", f"{home}/.cache/torchinductor", f"{home}/.cache/triton"]
+    assert lines[3:] == [word for d in written for word in ("wrote", d)]
+
+
+def test_smoke_fails_when_the_image_runs_as_another_user_than_its_label_says(
+    docker_client: docker.DockerClient, first_build: object, tmp_path: Path
+) -> None:
+    tag = derive(
+        docker_client, tmp_path, "envbuild-test-derived/root-again:1", f"FROM {IMAGE}\nUSER 0:0\n", {}
+    )  # fmt: skip
+    result = envbuild("smoke", tag, "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    failed = {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
+    assert list(failed) == ["user"]
+    assert failed["user"].startswith("ran as 0:0; ")
+    assert failed["user"].endswith("the image's org.envbuild.user label says 1000:1000")
 
 
 def test_no_image_the_build_left_holds_the_index_password(

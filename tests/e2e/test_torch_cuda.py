@@ -63,6 +63,7 @@ def test_torch_2_4_1_cu121_builds_from_pypi_and_passes(
         ],
         remove=True,
         network_mode="none",
+        user="0:0",  # the whole file system, root's folders included; the image runs as envbuild
     ).decode()
     cudart = [line for line in listing.splitlines() if line]
     assert cudart, "the nvidia-cuda-runtime wheel's libcudart is missing"
@@ -102,7 +103,7 @@ def test_a_cuda_image_without_its_cudnn_library_fails_by_name(
     cudnn = "/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn.so.9"
     tag = derive(
         docker_client, tmp_path, "envbuild-test-derived/no-cudnn:1",
-        f"FROM {IMAGE}\nRUN rm {cudnn}\n", {},
+        f"FROM {IMAGE}\nUSER 0:0\nRUN rm {cudnn}\nUSER 1000:1000\n", {},
     )  # fmt: skip
     result = envbuild("smoke", tag, "--json")
     assert result.returncode == 1

@@ -111,7 +111,7 @@ def test_an_image_without_what_compile_needs_fails_the_compile_section_with_the_
 ) -> None:
     tag = derive(
         docker_client, tmp_path, "envbuild-test-derived/no-compiler:1",
-        f"FROM {IMAGE}\nRUN {sabotage}\n", {},
+        f"FROM {IMAGE}\nUSER 0:0\nRUN {sabotage}\nUSER 1000:1000\n", {},
     )  # fmt: skip
     try:
         result, report, failed = failing_smoke(tag)
