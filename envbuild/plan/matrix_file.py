@@ -338,7 +338,7 @@ class _Validator:
         if raw not in USER_CHOICES:
             near = difflib.get_close_matches(raw.strip().lower(), USER_CHOICES, n=1, cutoff=0.5)
             hint = f" (did you mean {near[0]!r}?)" if near and raw.isprintable() else ""
-            self.fail(where, f"{shown(raw, 40)} is not {choices}{hint}; {why}")
+            self.fail(where, f"expected {choices}, got {shown(raw, 40)}{hint}; {why}")
             return None
         return raw
 

@@ -618,7 +618,7 @@ def user_cases() -> Iterator[Case]:
             yield Case(
                 f"user-{place}-{name}",
                 partial(dump, with_user(valid, place, value)),
-                expect=f"{where}: ",
+                expect=f"{where}: expected envbuild or root, got ",
             )
     for i, first in enumerate(SAME_ENTRY):
         for j, second in enumerate(SAME_ENTRY):
