@@ -41,7 +41,7 @@ from envbuild.publish.attestations import BUILD_TYPE, BUILDER_ID, PASSED
 from envbuild.publish.cosign import SLSA_PROVENANCE, TEST_RESULT
 
 DEFAULT_NAME = "envbuild-vetted"
-KYVERNO_TIMEOUT_S = 30  # the most Kyverno's webhookConfiguration allows; a registry round trip each
+KYVERNO_TIMEOUT_S = 30  # Kyverno's most; each admission fetches signatures from the registry
 MAX_NAME = 50  # a DNS label (63) less the suffixes of the policy-controller policies
 # What an image reference holds, and the wildcards both controllers read. Anything else (space,
 # brackets, a scheme, YAML punctuation) is a mistake a policy would carry silently.
