@@ -37,15 +37,8 @@ def keys_generate(out: Path, force: bool) -> None:
     """Make a signing key pair. The password comes from ENVBUILD_SIGNING_PASSWORD or, at a
     terminal, is asked for twice; it is never an argument."""
     from envbuild.core.errors import BadInput
-    from envbuild.core.names import shown
     from envbuild.publish.keys import PASSWORD_ENV, check_key_paths, generate_key
 
-    if out.suffix == ".pub":
-        msg = (
-            f"--out {shown(str(out))} is the public key's name; name the private key "
-            "(e.g. --out envbuild.key) and its .pub goes beside it"
-        )
-        raise BadInput(msg)
     check_key_paths(out, force=force)  # before a password is asked for nothing
     password = os.environ.get(PASSWORD_ENV)
     if password is None:

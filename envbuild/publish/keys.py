@@ -80,6 +80,13 @@ def generate_key(out: Path, password: str, *, force: bool = False) -> Path:
 def check_key_paths(out: Path, *, force: bool = False) -> Path:
     """The public key's path beside `out`, once neither file is there to be overwritten (or
     `force`); a command asks for a password only after this."""
+    if out.suffix == ".pub":
+        # The public key would be written over the private one: the private key would be lost.
+        msg = (
+            f"--out {shown(str(out))} is the public key's name; name the private key "
+            "(e.g. --out envbuild.key) and its .pub goes beside it"
+        )
+        raise BadInput(msg)
     public_path = out.with_suffix(".pub")
     for path in (out, public_path):
         if not force and (path.exists() or path.is_symlink()):

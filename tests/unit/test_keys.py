@@ -197,3 +197,10 @@ def test_a_key_file_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> Non
     with pytest.raises(BadInput):
         generate_key(target(), PASSWORD, force=True)
     assert not target().exists()
+
+
+def test_a_private_key_named_like_its_public_key_is_refused(tmp_path: Path) -> None:
+    # The public key's .pub would be written over the private key, losing it.
+    with pytest.raises(BadInput, match="is the public key's name"):
+        generate_key(tmp_path / "envbuild.pub", PASSWORD)
+    assert list(tmp_path.iterdir()) == []
