@@ -33,6 +33,10 @@ PASSING = {
         "backend": "gloo", "world_size": 2, "correct": True, "expected": 3.0, "got": 3.0,
         "busbw_gbps": 0.5,
     },
+    "user": {
+        "uid": 1000, "gid": 1000, "name": "envbuild", "folders": {"HOME": "/home/envbuild"},
+        "unwritable": {}, "environment": "/opt/venv", "environment_writable": [],
+    },
 }  # fmt: skip
 
 
