@@ -74,7 +74,11 @@ def cache_dir() -> Path:
 def _private_temporary(name: str) -> Path:
     """`name`-<uid> in the temporary directory, made private; StateError unless it is a folder
     of this user's alone (another user could plant locks in a folder they made)."""
-    path = Path(tempfile.gettempdir()) / f"{name}-{os.geteuid()}"
+    try:
+        path = Path(tempfile.gettempdir()) / f"{name}-{os.geteuid()}"
+    except FileNotFoundError:  # gettempdir: "No usable temporary directory found"
+        msg = f"cannot tell where to keep envbuild's cache: no HOME, no temporary folder; {CACHE_DIR_FIX}"
+        raise StateError(msg) from None
     try:
         path.mkdir(mode=0o700, exist_ok=True)
         found = path.lstat()
