@@ -29,7 +29,8 @@ def read_docker_config(path: Path, *, fix: str) -> dict[str, Any] | None:
     file is an empty config). Anything else is one line naming the file, ending with `fix`."""
     try:
         data = read_small_file(path, MAX_CONFIG_BYTES)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # NotADirectoryError: HOME (or DOCKER_CONFIG) is a file, so there is no config below it.
         return None
     except NotRegularFile as exc:
         msg = f"Docker's config {path} is not a regular file ({exc.kind}); {fix}"

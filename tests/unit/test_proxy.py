@@ -480,3 +480,12 @@ def test_one_loopback_rule_for_the_proxy_bypass_and_where_credentials_may_go(
     assert is_loopback(host) is loopback
     if (host.startswith("[") and host.endswith("]")) or (host.count(":") < 2 and host != "["):
         assert safe_for_credentials(f"http://{host}/token") is loopback  # as a URL holds it
+
+
+def test_a_home_that_is_a_file_has_no_docker_config(tmp_path: Path) -> None:
+    from envbuild.net.docker_config import docker_config_path, read_docker_config
+
+    home = tmp_path / "home-is-a-file"
+    home.write_text("not a folder")
+    path = docker_config_path({"DOCKER_CONFIG": str(home)})
+    assert read_docker_config(path, fix="fix it") is None
