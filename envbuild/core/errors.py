@@ -46,6 +46,11 @@ class EngineUnavailable(EnvbuildError):
     exit_code = EXIT_NO_ENGINE
 
 
+class EngineFailed(EngineUnavailable):
+    """The engine answered a request with an error, too late, or with something that is not its
+    API: as unusable as an engine that cannot be reached, and reported the same way."""
+
+
 class BuildFailed(EnvbuildError):
     """An image build failed."""
 

@@ -1,17 +1,35 @@
-"""The docker-py implementation of the engine: the only module that imports docker."""
+"""The docker-py implementation of the engine: the only module that imports docker.
+
+Every public method of `DockerEngine` is an engine call (`_engine_calls`): whatever docker-py,
+requests or urllib3 raise on the engine's answer (an error status, a timeout, a connection cut
+mid-answer, a body that is not the Docker Engine API) leaves it as one `EngineFailed` line,
+worded in one place (`_failure`): the engine's address, the request, what the
+engine said and what to check. Methods catch docker-py's errors themselves only where an answer
+has a meaning (an image that is not there, a tag another publisher removed, a base image the
+engine cannot pull).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.client
+import inspect
 import io
 import ipaddress
 import json
 import logging
+import math
+import os
 import re
+import struct
 import tarfile
+import threading
 import time
-from collections.abc import Callable, Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import docker
 import docker.errors
@@ -19,15 +37,33 @@ import requests
 import urllib3.exceptions
 from docker.types import DeviceRequest
 
-from envbuild.core.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
+from envbuild.core.errors import (
+    BadInput,
+    BuildFailed,
+    EngineFailed,
+    EnvbuildError,
+)
 from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
 from envbuild.core.labels import INSTALL_STAGE, STAGE
 from envbuild.core.models import BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
 from envbuild.engine.leftovers import left_behind
+from envbuild.net.bounded import printable
 
 log = logging.getLogger(__name__)
+
+TIMEOUT_ENV = "ENVBUILD_ENGINE_TIMEOUT"
+# Seconds the engine has to begin each answer, and to go on with any answer but a long
+# operation's stream (`_LONG_STREAMS`).
+DEFAULT_TIMEOUT = 120
+DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
+# Answers that stream a long operation's progress: once begun, they may pause as long as a step
+# runs silently (a RUN step compiling for an hour, a large layer pulled or pushed), as docker-py
+# itself lets builds and pulls do. Ctrl-C still ends them cleanly.
+_LONG_STREAMS = re.compile(r"(/v[\d.]+)?(/build|/images/create|/images/.+/push)")
+# A container's logs: envbuild's containers have no TTY, so the engine frames what they print.
+_LOGS = re.compile(r"(/v[\d.]+)?/containers/[^/]+/logs")
 
 # The build network of --offline builds (`_offline_network`).
 OFFLINE_NETWORK = "envbuild-offline"
@@ -76,31 +112,149 @@ def ipv4_gateway(network_attrs: dict[str, Any]) -> str | None:
     return None
 
 
+def answer_timeout(environ: Mapping[str, str] | None = None) -> int:
+    """Seconds the engine has to answer: ENVBUILD_ENGINE_TIMEOUT (whole seconds, rounded up),
+    else the default."""
+    env = os.environ if environ is None else environ
+    text = env.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= 86400:
+        msg = (
+            f"{TIMEOUT_ENV}={printable(text, 40)!r} is not a number of seconds; "
+            f"set it to e.g. {DEFAULT_TIMEOUT:g}, or unset it"
+        )
+        raise BadInput(msg)
+    return math.ceil(seconds)
+
+
+def engine_address(environ: Mapping[str, str] | None = None) -> str:
+    """The engine docker-py connects to, as a user names it: DOCKER_HOST, else the socket."""
+    env = os.environ if environ is None else environ
+    return env.get("DOCKER_HOST") or DEFAULT_ADDRESS
+
+
+class _Asked(threading.local):
+    """The request this thread last sent to the engine: the one an answer cut short or
+    unreadable mid-stream belongs to, when docker-py's exception does not carry it."""
+
+    request: requests.PreparedRequest | None = None
+
+
+_E = TypeVar("_E", bound="DockerEngine")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _engine_call(
+    method: Callable[Concatenate[_E, _P], _R],
+) -> Callable[Concatenate[_E, _P], _R]:
+    """`method`, with every failure of the engine's answers raised as one EngineFailed line."""
+
+    @functools.wraps(method)
+    def call(self: _E, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except _FAILURES as exc:
+            raise self._failed(exc) from exc
+
+    return call
+
+
+_C = TypeVar("_C", bound=type)
+
+
+def _engine_calls(cls: _C) -> _C:
+    """Make every public method of `cls` an engine call (`_engine_call`): the one place where
+    docker-py's, requests' and urllib3's errors become envbuild's, whatever the method."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.isfunction(member):
+            setattr(cls, name, _engine_call(member))
+    return cls
+
+
+@_engine_calls
 class DockerEngine:
     """A connected Docker engine, driven through docker-py (classic builder API)."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        *,
+        address: str | None = None,
+        timeout: int | None = None,
+    ) -> None:
         self._client = client
+        self._address = address or engine_address()
+        self._timeout = timeout or DEFAULT_TIMEOUT
+        self._asked = _Asked()
+        self._send = client.api.send
+        client.api.send = self._bounded_send  # type: ignore[method-assign]
 
     @classmethod
     def connect(cls) -> DockerEngine:
-        """Connect using DOCKER_HOST or the default socket; EngineUnavailable if it does not answer."""
+        """Connect using DOCKER_HOST or the default socket, every answer bounded by
+        ENVBUILD_ENGINE_TIMEOUT; EngineUnavailable if it does not answer."""
+        timeout, address = answer_timeout(), engine_address()
         try:
-            client = docker.from_env(timeout=600)
-            client.ping()
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            msg = (
-                "cannot reach the Docker engine (DOCKER_HOST or /var/run/docker.sock): "
-                f"{_short(exc)}; start dockerd (e.g. `sudo dockerd &`) or set DOCKER_HOST"
-            )
-            raise EngineUnavailable(msg) from exc
-        return cls(client)
+            client = docker.from_env(timeout=timeout)  # asks GET /version: the API it speaks
+        except _FAILURES as exc:
+            raise _failure(exc, address, timeout, "GET /version", connecting=True) from exc
+        engine = cls(client, address=address, timeout=timeout)
+        try:
+            engine._ping()
+        except _FAILURES as exc:
+            raise engine._failed(exc, connecting=True) from exc
+        return engine
+
+    def _ping(self) -> None:
+        """Ask the engine whether it is there; it answers OK (docker-py says False otherwise)."""
+        if not self._client.ping():
+            msg = "an answer other than OK"
+            raise _NotTheApi(msg)
+
+    def _failed(self, exc: BaseException, *, connecting: bool = False) -> EngineFailed:
+        """The one line for an engine call that failed with `exc`; see `_failure`."""
+        asked = _request_of(exc) or self._asked.request
+        request = _shown_request(asked) if asked is not None else "a request"
+        return _failure(exc, self._address, self._timeout, request, connecting=connecting)
+
+    def _bounded_send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        """docker-py's every request, noted, and bounded: the answer must begin in time."""
+        self._asked.request = request
+        if kwargs.get("timeout") is None:  # docker-py asks none for builds and pulls
+            kwargs["timeout"] = self._timeout
+        response = self._send(request, **kwargs)
+        path = urllib.parse.urlsplit(request.url or "").path
+        if request.method == "POST" and _LONG_STREAMS.fullmatch(path):
+            _wait_as_long_as_it_runs(response)
+        elif request.method == "GET" and _LOGS.fullmatch(path) and response.ok:
+            try:
+                _check_log_frames(response.content)
+            except _NotTheApi as exc:
+                exc.request = request
+                raise
+        return response
+
+    @contextlib.contextmanager
+    def _cleaning_up(self) -> Iterator[None]:
+        """Requests that clean up after a call (remove its container, drop its tag) leave the
+        request the call failed on as the one its error names."""
+        failed_on = self._asked.request
+        try:
+            yield
+        finally:
+            self._asked.request = failed_on
 
     def describe(self) -> EngineInfo:
         """Version, runtimes and storage of the engine, for `envbuild doctor`."""
-        info = self._client.info()
+        info = _document(self._client.api.info())
         return EngineInfo(
-            version=str(self._client.version().get("Version", "unknown")),
+            version=str(_document(self._client.api.version()).get("Version", "unknown")),
             runtimes=tuple(sorted(info.get("Runtimes") or {})),
             cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
             root_dir=str(info.get("DockerRootDir", "")),
@@ -109,7 +263,7 @@ class DockerEngine:
     def has_nvidia_runtime(self) -> bool:
         """True when the engine has the NVIDIA container runtime to hand GPUs to containers."""
         # Not CDISpecDirs: recent engines list /etc/cdi whether or not a GPU spec is in it.
-        runtimes = self._client.info().get("Runtimes") or {}
+        runtimes = _document(self._client.api.info()).get("Runtimes") or {}
         return "nvidia" in runtimes
 
     # Images.
@@ -117,19 +271,20 @@ class DockerEngine:
     def image(self, ref: str) -> ImageInfo | None:
         """The local image `ref` names, or None."""
         try:
-            image = self._client.images.get(ref)
-        except docker.errors.ImageNotFound:
-            return None
+            attrs = _document(self._client.api.inspect_image(ref))  # type: ignore[no-untyped-call]
         except docker.errors.APIError as exc:
             if exc.status_code in (400, 404):  # an invalid reference cannot exist locally
                 return None
             raise
-        return _info(image)
+        labels = _document(attrs.get("Config") or {}).get("Labels") or {}
+        return ImageInfo(
+            id=str(attrs["Id"]), tags=tuple(attrs.get("RepoTags") or ()), labels=dict(labels)
+        )
 
     def tag(self, image_id: str, ref: str) -> None:
         """Point `ref` (repo:tag) at the image."""
         repository, tag = split_tag(ref)
-        self._client.images.get(image_id).tag(repository, tag or "latest")
+        self._client.api.tag(image_id, repository, tag or "latest")
 
     def build(
         self,
@@ -150,37 +305,32 @@ class DockerEngine:
         build_args = {**(proxy.environment() if proxy is not None else {}), **build_args}
         image_id: str | None = None
         last_lines: list[str] = []
-        try:
-            stream: Iterator[dict[str, Any]] = self._client.api.build(
-                path=str(context_dir),
-                tag=tag,
-                labels=labels,
-                buildargs=build_args,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                decode=True,
-                network_mode=None if network else self._offline_network(),
-                target=target,
-                nocache=no_cache,
-            )
-            for chunk in stream:
-                if "stream" in chunk:
-                    for line in str(chunk["stream"]).splitlines():
-                        on_line(line)
-                        if line.strip():
-                            last_lines = [*last_lines[-19:], line]
-                elif "error" in chunk:
-                    message = str(chunk["error"]).strip()
-                    on_line(f"ERROR: {message}")
-                    raise BuildFailed(_build_error(message, last_lines))
-                elif "aux" in chunk and "ID" in chunk["aux"]:
-                    image_id = str(chunk["aux"]["ID"])
-        except docker.errors.APIError as exc:
-            msg = f"the engine refused the build: {_short(exc)}"
-            raise BuildFailed(msg) from exc
-        except _LOST as exc:
-            raise _lost(exc, "during the build") from exc
+        stream: Iterator[dict[str, Any]] = self._client.api.build(
+            path=str(context_dir),
+            tag=tag,
+            labels=labels,
+            buildargs=build_args,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            network_mode=None if network else self._offline_network(),
+            target=target,
+            nocache=no_cache,
+        )
+        for chunk in stream:
+            _document(chunk)
+            if "stream" in chunk:
+                for line in str(chunk["stream"]).splitlines():
+                    on_line(line)
+                    if line.strip():
+                        last_lines = [*last_lines[-19:], line]
+            elif "error" in chunk:
+                message = str(chunk["error"]).strip()
+                on_line(f"ERROR: {message}")
+                raise BuildFailed(_build_error(message, last_lines))
+            elif "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = str(chunk["aux"]["ID"])
         if image_id is None:
             raise BuildFailed(_build_error("the engine reported no image id", last_lines))
         return image_id
@@ -189,14 +339,7 @@ class DockerEngine:
         """The gateway of the default bridge, or (network=False) of envbuild's internal network,
         made if missing: the host address a build's RUN steps can reach."""
         name = "bridge" if network else self._offline_network()
-        try:
-            attrs = self._client.networks.get(name).attrs
-        except docker.errors.DockerException as exc:
-            msg = f"cannot inspect the Docker network {name!r}: {_short(exc)}"
-            raise BuildFailed(msg) from exc
-        except _LOST as exc:
-            raise _lost(exc) from exc
-        gateway = ipv4_gateway(attrs)
+        gateway = ipv4_gateway(_document(self._client.api.inspect_network(name)))
         if gateway:
             return gateway
         msg = (
@@ -208,22 +351,17 @@ class DockerEngine:
     def _offline_network(self) -> str:
         """envbuild's internal bridge network: an --offline build reaches the host's gateway
         address (envbuild's build server) and nothing beyond the host. Made if missing."""
-        try:
-            found = self._client.networks.list(names=[OFFLINE_NETWORK])
-            if not any(n.name == OFFLINE_NETWORK for n in found):
-                try:
-                    self._client.networks.create(
-                        OFFLINE_NETWORK, driver="bridge", internal=True,
-                        labels={"org.envbuild.network": "offline"},
-                    )  # fmt: skip
-                except docker.errors.APIError as exc:
-                    if exc.status_code != 409:  # 409: another run made it first
-                        raise
-        except docker.errors.DockerException as exc:
-            msg = f"cannot make the offline build network {OFFLINE_NETWORK!r}: {_short(exc)}"
-            raise BuildFailed(msg) from exc
-        except _LOST as exc:
-            raise _lost(exc) from exc
+        found = self._client.api.networks(names=[OFFLINE_NETWORK])
+        if not any(n.get("Name") == OFFLINE_NETWORK for n in _documents(found)):
+            try:
+                made = self._client.api.create_network(
+                    OFFLINE_NETWORK, driver="bridge", internal=True,
+                    labels={"org.envbuild.network": "offline"},
+                )  # fmt: skip
+                _document(made)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: another run made it first
+                    raise
         return OFFLINE_NETWORK
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
@@ -297,6 +435,7 @@ class DockerEngine:
                 repository, tag=tag, stream=True, decode=True, auth_config=auth_config
             )
             for chunk in stream:
+                _document(chunk)
                 if "error" in chunk:
                     error = str(chunk["error"]).strip()
                     if error.startswith(_NO_SUCH_TAG):
@@ -310,11 +449,9 @@ class DockerEngine:
                 if "Digest" in aux:
                     digest = str(aux["Digest"])
         except docker.errors.NotFound as exc:
+            if not str(exc.explanation or "").startswith(_NO_SUCH_TAG):
+                raise
             raise _TagVanished(str(exc)) from exc
-        except docker.errors.APIError as exc:
-            raise EnvbuildError(_push_failure(ref, _short(exc))) from exc
-        except _LOST as exc:
-            raise _lost(exc, f"while pushing {ref}") from exc
         finally:
             self._untag(image_id, ref)
         if digest is None:
@@ -324,15 +461,18 @@ class DockerEngine:
 
     def _untag(self, image_id: str, ref: str) -> None:
         """Drop the local tag `ref` unless it is the image's last name; gone already is fine."""
-        image = self.image(image_id)
-        if image is None or ref not in image.tags or not any(t != ref for t in image.tags):
-            return
-        try:
-            self._client.images.remove(ref, noprune=True)
-        except docker.errors.NotFound:
-            pass  # another publisher of the same image dropped it first
-        except docker.errors.DockerException:
-            log.warning("could not remove the local tag %s", ref)
+        with self._cleaning_up():
+            try:
+                image = self.image(image_id)
+                if image is None or ref not in image.tags or not any(t != ref for t in image.tags):
+                    return
+                _documents(self._client.api.remove_image(ref, noprune=True))
+            except docker.errors.NotFound:
+                pass  # another publisher of the same image dropped it first
+            except EngineFailed as exc:
+                log.warning("could not remove the local tag %s: %s", ref, exc.message)
+            except _FAILURES as exc:
+                log.warning("could not remove the local tag %s: %s", ref, self._failed(exc).message)
 
     # Containers.
 
@@ -353,14 +493,32 @@ class DockerEngine:
     def _pull(self, ref: str) -> ImageInfo:
         """Pull a missing base image; BadInput naming the way out when the registry says no."""
         log.info("pulling %s", ref)
+        repository, tag = split_tag(ref)
+        cannot = f"base image {ref} is not in the local engine and cannot be pulled"
+        fix = "make one with `envbuild base bootstrap` and pass --base-image"
         try:
-            return _info(self._client.images.pull(ref))
-        except (docker.errors.APIError, requests.RequestException) as exc:
-            msg = (
-                f"base image {ref} is not in the local engine and cannot be pulled ({_short(exc)}); "
-                "make one with `envbuild base bootstrap` and pass --base-image"
-            )
+            for chunk in self._client.api.pull(
+                repository, tag=tag or "latest", stream=True, decode=True
+            ):
+                if "error" in _document(chunk):
+                    msg = f"{cannot} ({printable(chunk['error'])}); {fix}"
+                    raise BadInput(msg)
+            image = self.image(ref)
+        except _FAILURES as exc:
+            # Docker answers a pull the registry refused, or could not be reached for, with an
+            # error status: the base is the user's to fix, not the engine.
+            response = _http_error(exc)
+            if response is None:
+                raise
+            request = _request_of(exc) or self._asked.request
+            answered = _shown_request(request) if request is not None else "the pull"
+            engine = f"the Docker engine at {printable(self._address, 120)}"
+            msg = f"{cannot} ({engine} answered {answered} with {_status(response)}); {fix}"
             raise BadInput(msg) from exc
+        if image is None:
+            msg = f"{cannot} (the engine pulled it, then did not have it); {fix}"
+            raise BadInput(msg)
+        return image
 
     def run(
         self,
@@ -374,39 +532,44 @@ class DockerEngine:
         environment: dict[str, str] | None = None,
     ) -> RunResult:
         """Run `command` in a fresh container, copying `files` in first; the container is always removed."""
+        api = self._client.api
         start = time.monotonic()
-        container = None
+        host_config = api.create_host_config(
+            shm_size=shm_size,
+            # NCCL pins memory; only GPU runs ask for it (some hosts forbid raising it).
+            ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if gpus else None,
+            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+            network_mode="none",
+        )
+        labels = {"org.envbuild.role": "smoke", RUN_LABEL: run_id(), RUN_PLACE_LABEL: run_place()}
+        # The low-level call: its answer is the id alone, known before anything else can fail.
+        created = api.create_container(
+            image, command=command, environment=environment or {}, host_config=host_config,
+            labels=labels,
+        )  # fmt: skip
+        container = str(_document(created)["Id"])
         try:
-            container = self._client.containers.create(
-                image,
-                command=command,
-                environment=environment or {},
-                shm_size=shm_size,
-                # NCCL pins memory; only GPU runs ask for it (some hosts forbid raising it).
-                ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1)] if gpus else None,
-                device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
-                network_mode="none",
-                labels={
-                    "org.envbuild.role": "smoke",
-                    RUN_LABEL: run_id(),
-                    RUN_PLACE_LABEL: run_place(),
-                },
-            )
             for path, data in (files or {}).items():
-                container.put_archive("/", _tar_of(path, data))
-            container.start()
+                api.put_archive(container, "/", _tar_of(path, data))
+            api.start(container)
             timed_out = False
             try:
-                status = container.wait(timeout=timeout)
+                status = _document(api.wait(container, timeout=math.ceil(timeout)))
                 exit_code: int | None = int(status.get("StatusCode", -1))
-            except (requests.ReadTimeout, requests.ConnectionError):
+            except (requests.ReadTimeout, requests.ConnectionError) as exc:
                 # docker-py reports a wait that timed out as either; a dead engine answers no ping.
-                self._require_engine(f"the smoke test of {image}")
+                if not _found(exc, _TIMEOUTS):
+                    raise
+                self._ping()
                 timed_out = True
                 exit_code = None
-                container.kill()
-            stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-            stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+                try:
+                    api.kill(container)
+                except docker.errors.APIError as refused:
+                    if refused.status_code != 409:  # 409: it ended meanwhile
+                        raise
+            stdout = api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
+            stderr = api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
             return RunResult(
                 exit_code=exit_code,
                 stdout=stdout,
@@ -414,26 +577,21 @@ class DockerEngine:
                 timed_out=timed_out,
                 seconds=time.monotonic() - start,
             )
-        except docker.errors.ImageNotFound as exc:
-            msg = f"image {image} is not in the local engine; build or pull it first"
-            raise EnvbuildError(msg) from exc
-        except docker.errors.APIError as exc:
-            msg = f"the engine could not run {image}: {_short(exc)}"
-            raise EnvbuildError(msg) from exc
-        except _LOST as exc:
-            raise _lost(exc, f"while running {image}") from exc
         finally:
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except _LOST_OR_REFUSED:
-                    log.warning("could not remove container %s", container.id)
+            self._remove_container(container)
 
-    def _require_engine(self, doing: str) -> None:
-        try:
-            self._client.ping()
-        except _LOST_OR_REFUSED as exc:
-            raise _lost(exc, f"during {doing}") from exc
+    def _remove_container(self, container: str) -> bool:
+        """Force-remove a container; a warning naming it, and False, when the engine will not."""
+        with self._cleaning_up():
+            try:
+                self._client.api.remove_container(container, force=True)
+            except docker.errors.NotFound:
+                pass  # gone already: what removing it was for
+            except _FAILURES as exc:
+                message = self._failed(exc).message
+                log.warning("container %s is left behind: %s", container[:12], message)
+                return False
+        return True
 
     def remove_leftovers(self) -> int:
         """Remove stopped containers that only a dead run leaves: envbuild's smoke containers and
@@ -444,16 +602,14 @@ class DockerEngine:
         for label in ("org.envbuild.role=smoke", INSTALL_STAGE, f"{STAGE}=builder"):
             for status in ("exited", "dead", "created"):
                 filters: dict[str, str | list[str] | bool] = {"label": label, "status": status}
-                for container in self._client.containers.list(all=True, filters=filters):
-                    if not left_behind(container.attrs, now=time.time()):
-                        continue
+                for listed in _documents(self._client.api.containers(all=True, filters=filters)):
+                    container = str(listed["Id"])
                     try:
-                        container.remove(force=True)
-                        removed += 1
-                    except docker.errors.DockerException as exc:
-                        log.warning(
-                            "could not remove container %s: %s", container.short_id, _short(exc)
-                        )
+                        attrs = _document(self._client.api.inspect_container(container))
+                    except docker.errors.NotFound:
+                        continue  # removed since it was listed
+                    if left_behind(attrs, now=time.time()):
+                        removed += self._remove_container(container)
         if removed:
             log.info("removed %d containers left by an earlier run that died", removed)
         return removed
@@ -462,30 +618,15 @@ class DockerEngine:
         """Force-remove every container a run made (after an interrupt); return how many."""
         removed = 0
         try:
-            containers = self._client.containers.list(
-                all=True, filters={"label": f"{RUN_LABEL}={run}"}
-            )
-            for container in containers:
-                container.remove(force=True)
-                removed += 1
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            log.warning("could not remove the containers of run %s: %s", run, _short(exc))
+            listed = self._client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run}"})
+            containers = [str(c["Id"]) for c in _documents(listed)]
+        except _FAILURES as exc:
+            message = self._failed(exc).message
+            log.warning("could not remove the containers of run %s: %s", run, message)
+            return 0
+        for container in containers:
+            removed += self._remove_container(container)
         return removed
-
-
-# What a dead or restarting engine raises mid-request: docker-py streams read urllib3 directly.
-_LOST: tuple[type[BaseException], ...] = (
-    requests.RequestException,
-    urllib3.exceptions.HTTPError,
-    ConnectionError,
-)
-_LOST_OR_REFUSED: tuple[type[BaseException], ...] = (docker.errors.DockerException, *_LOST)
-_RESTART = "check that dockerd runs (`docker info`), restart it, and run envbuild again"
-
-
-def _info(image: Any) -> ImageInfo:
-    labels = (image.attrs.get("Config") or {}).get("Labels") or {}
-    return ImageInfo(id=str(image.id), tags=tuple(image.tags), labels=dict(labels))
 
 
 def _tar_of(path: str, data: bytes) -> bytes:
@@ -499,10 +640,200 @@ def _tar_of(path: str, data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def _lost(exc: BaseException, doing: str = "") -> EngineUnavailable:
-    """The one-line error for an engine that went away mid-call."""
-    during = f" {doing}" if doing else ""
-    return EngineUnavailable(f"lost the Docker engine{during}: {_short(exc)}; {_RESTART}")
+# What docker-py, requests and urllib3 raise on an engine's answer. The last rows are what
+# parsing raises on a body that is not the API: JSON that does not parse (ValueError), JSON of
+# another shape (docker-py indexes it), log frames that do not unpack.
+_FAILURES: tuple[type[BaseException], ...] = (
+    docker.errors.DockerException,
+    requests.RequestException,
+    urllib3.exceptions.HTTPError,
+    http.client.HTTPException,
+    ConnectionError,
+    TimeoutError,
+    docker.errors.StreamParseError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    struct.error,
+)
+_TIMEOUTS = (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)
+_REFUSED = (ConnectionRefusedError, FileNotFoundError, urllib3.exceptions.NewConnectionError)
+_CUT = (
+    requests.ConnectionError,
+    requests.exceptions.ChunkedEncodingError,
+    urllib3.exceptions.ProtocolError,
+    http.client.HTTPException,
+    ConnectionError,
+)
+_UNREADABLE = (
+    ValueError, TypeError, KeyError, AttributeError, IndexError, struct.error,
+    docker.errors.StreamParseError,
+)  # fmt: skip
+_RESTART = "check that dockerd runs (`docker info`), restart it, and run envbuild again"
+_NOT_THE_API = (
+    "check that DOCKER_HOST names a Docker engine (not a proxy or another server) that serves "
+    "this request: `docker version` against it names the API versions it speaks"
+)
+_ENGINE_LOG = (
+    "check the engine's log (`journalctl -u docker`, or dockerd's output) and `docker info`"
+)
+
+
+class _NotTheApi(ValueError):
+    """An answer that parsed, but is not the document the Docker Engine API defines there."""
+
+    request: requests.PreparedRequest | None = None
+
+
+def _document(value: Any) -> dict[str, Any]:
+    """`value`, a JSON object the engine answered; _NotTheApi when it is something else."""
+    if not isinstance(value, dict):
+        msg = f"a JSON {type(value).__name__} where the API has an object"
+        raise _NotTheApi(msg)
+    return value
+
+
+def _documents(value: Any) -> list[dict[str, Any]]:
+    """`value`, a JSON array of objects the engine answered; _NotTheApi when it is not."""
+    if not isinstance(value, list):
+        msg = f"a JSON {type(value).__name__} where the API has an array"
+        raise _NotTheApi(msg)
+    return [_document(item) for item in value]
+
+
+def _failure(
+    exc: BaseException, address: str, timeout: int, request: str, *, connecting: bool = False
+) -> EngineFailed:
+    """The one line for an engine call that failed with `exc`: the engine, the request, what
+    the engine answered (or that it did not), and what to check."""
+    engine = f"the Docker engine at {printable(address, 120)}"
+    answered = _http_error(exc)
+    if answered is not None:
+        hint = _ENGINE_LOG if answered.status_code >= 500 else _NOT_THE_API
+        return EngineFailed(f"{engine} answered {request} with {_status(answered)}; {hint}")
+    if _found(exc, _TIMEOUTS):
+        return EngineFailed(
+            f"{engine} did not answer {request} within {timeout:g} s; check that it is not hung "
+            f"or overloaded (`docker info`), or set {TIMEOUT_ENV} to more seconds"
+        )
+    if connecting and _found(exc, _REFUSED):
+        return EngineFailed(
+            f"cannot reach {engine} ({_reason(exc, _REFUSED)}); start dockerd "
+            "(e.g. `sudo dockerd &`) or set DOCKER_HOST"
+        )
+    if _found(exc, _CUT):
+        return EngineFailed(f"lost {engine} during {request}: {_reason(exc, _CUT)}; {_RESTART}")
+    if _found(exc, _UNREADABLE):
+        detail = _reason(exc, _UNREADABLE, unreadable=True)
+        return EngineFailed(
+            f"{engine} answered {request} with something that is not the Docker Engine API "
+            f"({detail}); {_NOT_THE_API}"
+        )
+    return EngineFailed(f"{engine} failed {request}: {_reason(exc, _FAILURES)}; {_ENGINE_LOG}")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it wraps, outermost first: its cause and context, urllib3's `reason`, and
+    the exceptions among its arguments (where requests keeps urllib3's)."""
+    found: list[BaseException] = []
+    todo = [exc]
+    while todo and len(found) < 32:
+        current = todo.pop(0)
+        if any(current is seen for seen in found):
+            continue
+        found.append(current)
+        wrapped = (current.__cause__, current.__context__, getattr(current, "reason", None))
+        todo += [e for e in (*wrapped, *current.args) if isinstance(e, BaseException)]
+    return found
+
+
+def _found(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    return any(isinstance(e, kinds) for e in _causes(exc))
+
+
+def _reason(
+    exc: BaseException, kinds: tuple[type[BaseException], ...], *, unreadable: bool = False
+) -> str:
+    """What the innermost exception of `kinds` says: an OS error's own words, else its text,
+    and for an unreadable answer what kind of reading failed."""
+    inner = [e for e in _causes(exc) if isinstance(e, kinds)][-1]
+    if isinstance(inner, OSError) and inner.strerror:
+        return printable(inner.strerror, 200)
+    text = _short(inner)
+    if unreadable and isinstance(inner, json.JSONDecodeError):
+        text = f"not JSON: {text}"
+    elif unreadable and not isinstance(inner, _NotTheApi):
+        text = f"{type(inner).__name__}: {text}"
+    return printable(text, 240)
+
+
+def _http_error(exc: BaseException) -> requests.Response | None:
+    """The engine's answer with an error status that `exc` carries, if it does."""
+    for cause in _causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(cause, requests.HTTPError) and isinstance(response, requests.Response):
+            return response
+    return None
+
+
+def _status(response: requests.Response) -> str:
+    """`500 Internal Server Error: the engine's message`, on one line."""
+    text = response.text
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and "message" in document:
+        text = str(document["message"])
+    elif "html" in response.headers.get("Content-Type", ""):
+        text = re.sub(r"<[^>]*>", " ", text)
+    message = printable(" ".join(text.split()), 200)
+    status = f"{response.status_code} {printable(response.reason or '', 60)}".strip()
+    return f"{status}: {message}" if message else status
+
+
+def _request_of(exc: BaseException) -> requests.PreparedRequest | None:
+    """The request `exc` says it failed, if it says."""
+    for cause in _causes(exc):
+        request = getattr(cause, "request", None)
+        if request is None:
+            request = getattr(getattr(cause, "response", None), "request", None)
+        if isinstance(request, requests.PreparedRequest):
+            return request
+    return None
+
+
+def _shown_request(request: requests.PreparedRequest) -> str:
+    """`GET /v1.41/containers/json`: the method and path, without the query."""
+    path = urllib.parse.unquote(urllib.parse.urlsplit(request.url or "").path)
+    return f"{request.method} {printable(path, 160)}"
+
+
+def _check_log_frames(body: bytes) -> None:
+    """Check that a log is Docker's multiplexed stream: frames of an 8-byte header (the stream,
+    0 to 2, three zero bytes, the length) and that many bytes. docker-py reads any bytes as
+    frames, and would hand on a web page's as what the container printed."""
+    offset = 0
+    while offset < len(body):
+        header = body[offset : offset + 8]
+        if len(header) < 8 or header[0] > 2 or header[1:4] != b"\0\0\0":
+            msg = f"a log that is not Docker's multiplexed stream at byte {offset}: {header!r}"
+            raise _NotTheApi(msg)
+        offset += 8 + struct.unpack(">L", header[4:])[0]
+        if offset > len(body):
+            msg = f"a log whose last frame is cut short ({len(body)} bytes of {offset})"
+            raise _NotTheApi(msg)
+
+
+def _wait_as_long_as_it_runs(response: requests.Response) -> None:
+    """Let a long operation's begun answer pause as long as the operation does (`_LONG_STREAMS`):
+    the socket's read timeout, the engine's to begin answering, is lifted for the rest of it."""
+    connection = getattr(response.raw, "connection", None)
+    settimeout = getattr(getattr(connection, "sock", None), "settimeout", None)
+    if callable(settimeout):
+        settimeout(None)
 
 
 def _short(exc: BaseException) -> str:

@@ -46,7 +46,12 @@ class RunResult:
 
 
 class Engine(Protocol):
-    """A connected container engine: build, run, inspect, tag, push, remove, probe."""
+    """A connected container engine: build, run, inspect, tag, push, remove, probe.
+
+    Every method raises EngineUnavailable, one line that names the engine and the request, when
+    the engine cannot be reached or answers wrongly (EngineFailed: an error status, no answer
+    in time, an answer cut short or not the engine's API); BuildFailed when a build's own step
+    fails."""
 
     def describe(self) -> EngineInfo:
         """Version, runtimes and storage of the engine, for `envbuild doctor`."""
@@ -135,7 +140,8 @@ class Engine(Protocol):
 
 def connect() -> Engine:
     """The Docker engine DOCKER_HOST or the default socket names; EngineUnavailable if it does
-    not answer. docker-py is imported only here, so commands that need no engine never load it."""
+    not answer within ENVBUILD_ENGINE_TIMEOUT seconds (default 120). docker-py is imported only
+    here, so commands that need no engine never load it."""
     from envbuild.engine.docker_engine import DockerEngine
 
     return DockerEngine.connect()
