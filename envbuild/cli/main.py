@@ -32,6 +32,8 @@ from envbuild.cli.options import (
     proxy_option,
     reports_errors,
     selectors,
+    sign_option,
+    signing_key_from,
     user_option,
 )
 from envbuild.cli.signing import keys, policy
@@ -39,8 +41,6 @@ from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from envbuild.publish.push import Candidate, Published, PublishLines
 
 
@@ -194,12 +194,13 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
     metavar="REGISTRY",
     help="Publish what passed to this registry (host[/prefix]) in the same run.",
 )
+@sign_option
 @fleet_option
 @reports_errors
 @proxy_option
 def build(
     no_smoke: bool, gpus: str, jobs: int, keep_going: bool, report_file: Path | None,
-    junit_file: Path | None, push_registry: str | None, no_cache: bool, locked: bool,
+    junit_file: Path | None, push_registry: str | None, sign: bool, no_cache: bool, locked: bool,
     fleet_gpus: tuple[str, ...], **kwargs: Any,
 ) -> None:  # fmt: skip
     """Build images for the selected entries, then smoke-test them.
@@ -215,6 +216,7 @@ def build(
     from envbuild.pipeline.runs import push_passed, record_run
 
     check_output_files(("--report", report_file), ("--junit", junit_file))  # before the builds
+    key = signing_key_from(sign, push_registry, "--push")
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     with trusting(options.ca_bundle):  # the registry of --push is checked against it too
         knowledge, _, result = plan_from(kwargs, newest_only=True)
@@ -222,6 +224,7 @@ def build(
         run = RunOptions(
             jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
             push_registry=None if no_smoke else push_registry, fleet=fleet.gpus if fleet else (),
+            signed_by=key.public if key else None,
         )  # fmt: skip
         with ProgressView([e.id for e in result.entries]) as view:
             results = run_entries(
@@ -242,7 +245,7 @@ def build(
                 err=True,
             )
         elif push_registry is not None:
-            push_passed(results, push_registry, **_publish_lines(push_registry))
+            push_passed(results, push_registry, signing_key=key, **_publish_lines(push_registry))
         if not all(r.passed for r in results):
             sys.exit(EXIT_FAILED)
 
@@ -274,19 +277,21 @@ def _publish_lines(registry: str) -> PublishLines:
     type=click.Path(path_type=Path),
     help="Write the pushed references as JSON.",
 )
+@sign_option
 @fleet_option
 @reports_errors
 @proxy_option
 @ca_bundle_option
 def publish(
-    images: tuple[str, ...], registry: str, report_file: Path | None,
+    images: tuple[str, ...], registry: str, report_file: Path | None, sign: bool,
     fleet_gpus: tuple[str, ...], **kwargs: Any,
 ) -> None:  # fmt: skip
     """Push vetted images (by selectors, or IMAGE references) and verify what the registry holds.
 
     Only an image whose smoke test passed for its exact image id is pushed. The immutable tag
     (tag-<content hash>) is pushed and verified first; the smoke report and package list are
-    attached to its digest; then the moving tags (torch2.13-cpu-py3.11, latest) follow.
+    attached to its digest (with --sign, a signature and signed attestations too); then the
+    moving tags (torch2.13-cpu-py3.11, latest) follow.
     """
     from envbuild.core.errors import BadInput
     from envbuild.core.places import check_output_files
@@ -304,6 +309,7 @@ def publish(
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
     check_output_files(("--report", report_file))  # before any push
+    key = signing_key_from(sign, registry, "--registry")
     fleet = fleet_from(load_knowledge(), None, fleet_gpus)
     gpus = fleet.gpus if fleet else ()
     if images:
@@ -316,7 +322,7 @@ def publish(
         store = ResultStore.default()
         items = entry_candidates(engine, store, built)
     publish_reported(
-        engine, store, items, registry, report_file=report_file, fleet=gpus,
+        engine, store, items, registry, report_file=report_file, fleet=gpus, signing_key=key,
         **_publish_lines(registry),
     )  # fmt: skip
 
@@ -324,18 +330,28 @@ def publish(
 @main.command()
 @click.argument("reference")
 @click.option("--json", "as_json", is_flag=True, help="Print what was found as JSON.")
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(path_type=Path),
+    metavar="PUB",
+    help="Also check the image's signature and signed attestations with this public key.",
+)
 @reports_errors
 @proxy_option
 @ca_bundle_option
-def verify(reference: str, as_json: bool) -> None:
-    """Fetch the smoke report published next to REFERENCE and check it belongs to that image.
+def verify(reference: str, as_json: bool, key_path: Path | None) -> None:
+    """Fetch the smoke report published next to REFERENCE and check it belongs to that image;
+    with --key, its signature, its signed attestations and their PASSED verdict too.
 
     ENVBUILD_REGISTRY_TIMEOUT bounds the whole check (seconds, default 120).
     """
     from envbuild.net.bounded import printable
+    from envbuild.publish.keys import load_public_key
     from envbuild.publish.verify import verify_reference
 
-    found = verify_reference(reference)
+    key = load_public_key(key_path) if key_path is not None else None  # before the network
+    found = verify_reference(reference, key)
     packages = [line for line in found.packages.splitlines() if line and not line.startswith("#")]
     if as_json:  # json.dumps escapes every control character the registry's strings may hold
         document = {
@@ -345,6 +361,7 @@ def verify(reference: str, as_json: bool) -> None:
             "smoke": found.report,
             "packages": packages,
             "sbom": found.sbom,
+            "signed": list(found.signed) if key is not None else None,
         }
         click.echo(json.dumps(document, indent=2))
     else:
@@ -361,6 +378,8 @@ def verify(reference: str, as_json: bool) -> None:
                 f"  SBOM ({printable(sbom['format'], 40)}): {sbom['pypi']} Python and "
                 f"{sbom['deb']} OS packages"
             )
+        for line in found.signed:
+            click.echo(f"  {printable(line, 300)}")
     if not found.passed:
         msg = (
             f"{printable(reference)}: the smoke report attached to {found.digest} did not pass; "

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from envbuild.core.errors import EnvbuildError, SelectionError
+from envbuild.core.errors import BadInput, EnvbuildError, SelectionError
 
 if TYPE_CHECKING:
     from envbuild.core.models import Fleet, Knowledge, Plan, Selection
     from envbuild.plan.matrix_file import Matrix
+    from envbuild.publish.keys import SigningKey
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -259,6 +260,31 @@ def user_option(func: F) -> F:
             "[default: the matrix's user, else envbuild]."
         ),
     )(func)
+
+
+def sign_option(func: F) -> F:
+    """`--sign`: sign what is published with the key ENVBUILD_SIGNING_KEY names."""
+    return click.option(
+        "--sign",
+        is_flag=True,
+        help=(
+            "Sign each published image and attest its smoke verdict, provenance and SBOM, in "
+            "cosign's format (key: ENVBUILD_SIGNING_KEY, password: ENVBUILD_SIGNING_PASSWORD)."
+        ),
+    )(func)
+
+
+def signing_key_from(sign: bool, registry: str | None, option: str) -> SigningKey | None:
+    """The signing key for --sign, loaded (and its secrets registered) before any work; None
+    without --sign. --sign without a registry to publish to is a mistake, said at once."""
+    if not sign:
+        return None
+    if registry is None:
+        msg = f"--sign signs what {option} publishes; add {option} REGISTRY"
+        raise BadInput(msg)
+    from envbuild.publish.keys import load_signing_key
+
+    return load_signing_key()
 
 
 def fleet_option(func: Callable[..., Any]) -> Callable[..., Any]:

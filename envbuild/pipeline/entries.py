@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envbuild.build.entry import build_entry, prepare, probe_entry_base
 from envbuild.core.errors import EnvbuildError
@@ -30,10 +31,14 @@ from envbuild.core.results import EntryResult, SmokeResult
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine
 from envbuild.engine.interface import connect as connect_engine
-from envbuild.publish.verify import entry_target, published_already
+from envbuild.publish.signing import SignatureError, Subject, verify_image
+from envbuild.publish.verify import Target, entry_target, published_already
 from envbuild.registry import RegistryClient
 from envbuild.smoke.static import fleet_refusal
 from envbuild.smoke.vet import smoke_image
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,9 @@ class RunOptions:
     no_cache: bool = False  # rebuild every layer, even when the content hash exists
     push_registry: str | None = None  # entries whose immutable tag it holds, vetted, are skipped
     fleet: tuple[Gpu, ...] = ()  # --gpu: an image without kernels for one of these fails
+    # --push --sign: an image the registry holds is done only when this key's signature on it
+    # verifies; otherwise the entry is built (found by its content hash), pushed and signed.
+    signed_by: EllipticCurvePublicKey | None = None
 
 
 def build_shared_stages(
@@ -124,7 +132,9 @@ def run_entries(
         prepare(engine, knowledge, entry, options, probes, resolved[entry.id]) for entry in entries
     ]
     done = (
-        published_entries(run.push_registry, contexts, options.proxy) if run.push_registry else {}
+        published_entries(run.push_registry, contexts, options.proxy, signed_by=run.signed_by)
+        if run.push_registry
+        else {}
     )
     for context in contexts:
         entry_id = context.entry.id
@@ -219,11 +229,16 @@ class _Work:
 
 
 def published_entries(
-    registry: str, contexts: list[BuildContext], proxy: ProxySettings | None = None
+    registry: str,
+    contexts: list[BuildContext],
+    proxy: ProxySettings | None = None,
+    *,
+    signed_by: EllipticCurvePublicKey | None = None,
 ) -> dict[str, str]:
     """Entry id → the reference@digest under which the registry already holds its image,
-    vetted (immutable tag `<tag>-<content hash>` with passing evidence): those need no build.
-    Asked before anything is built, so an unreachable registry stops the run at once."""
+    vetted (immutable tag `<tag>-<content hash>` with passing evidence) and, with `signed_by`,
+    signed with that key: those need no build. Asked before anything is built, so an
+    unreachable registry stops the run at once."""
     found: dict[str, str] = {}
     clients: dict[str, RegistryClient] = {}
     try:
@@ -232,12 +247,31 @@ def published_entries(
             if where.host not in clients:
                 clients[where.host] = RegistryClient.for_host(where.host, proxy=proxy)
             vetted = published_already(clients[where.host], where)
-            if vetted is not None:
+            if vetted is not None and _signed(clients[where.host], where, vetted.digest, signed_by):
                 found[context.entry.id] = f"{where.reference}@{vetted.digest}"
     finally:
         for client in clients.values():
             client.close()
     return found
+
+
+def _signed(
+    client: RegistryClient, where: Target, digest: str, key: EllipticCurvePublicKey | None
+) -> bool:
+    """True without a key; with one, whether its signature and attestations on the digest verify."""
+    if key is None:
+        return True
+    subject = Subject(host=where.host, repository=where.repository, digest=digest)
+    try:
+        verify_image(client, subject, key)
+    except SignatureError as exc:
+        log.info(
+            "%s is published but not signed with the key (%s): it is signed now",
+            where.reference,
+            exc,
+        )
+        return False
+    return True
 
 
 def abandon_run(connect: Callable[[], Engine]) -> None:

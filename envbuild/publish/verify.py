@@ -7,16 +7,21 @@ nothing; `publish` asks before pushing, so an immutable tag never comes to name 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.names import split_tag
 from envbuild.net.bounded import printable
 from envbuild.publish.evidence import PACKAGES, find_evidence, image_config_digest, smoke_report
 from envbuild.publish.sbom import SBOM, summary
+from envbuild.publish.signing import Subject, verify_image
 from envbuild.registry import RegistryClient, parse_reference
 from envbuild.registry.errors import EvidenceNotFound, RegistryNotFound
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 
 HASH_LENGTH = 12  # content-hash characters in an immutable tag
 
@@ -72,6 +77,7 @@ class Verification:
     report: dict[str, Any]
     packages: str
     sbom: dict[str, Any] | None = None  # format and package counts, when the evidence has one
+    signed: tuple[str, ...] = ()  # with a key: what its signature and attestations proved
 
 
 def verify_digest(
@@ -102,11 +108,17 @@ def verify_digest(
     )
 
 
-def verify_reference(text: str) -> Verification:
-    """`envbuild verify REF`: the published image and the smoke report attached to it."""
+def verify_reference(text: str, key: EllipticCurvePublicKey | None = None) -> Verification:
+    """`envbuild verify REF [--key PUB]`: the published image and the smoke report attached to
+    it; with a key, its signature and signed attestations too (SignatureError on any mismatch)."""
     ref = parse_reference(text)
-    with RegistryClient.for_host(ref.host) as client:
-        return verify_digest(client, ref.repository, ref.reference, text)
+    with RegistryClient.for_host(ref.host) as client, client.operation():
+        found = verify_digest(client, ref.repository, ref.reference, text)
+        if key is None:
+            return found
+        subject = Subject(host=ref.host, repository=ref.repository, digest=found.digest)
+        signed = verify_image(client, subject, key)
+    return dataclasses.replace(found, signed=tuple(signed.checked))
 
 
 def held_digest(client: RegistryClient, where: Target) -> str | None:

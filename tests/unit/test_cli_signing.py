@@ -322,3 +322,61 @@ def test_help_of_the_signing_commands_loads_no_cryptography_nor_yaml() -> None:
     )
     assert "keys" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def signing_mistakes(
+    tmp_path: Path, key_pair: tuple[Path, Path]
+) -> dict[str, tuple[list[str], dict[str, str | None], str]]:
+    """--sign and --key given wrongly: arguments, environment, and the words of the one line.
+    Each is refused before any engine, index or registry is asked (none is reachable here)."""
+    private, public = key_pair
+    unreachable = "127.0.0.1:9/ml"
+    key_env = {"ENVBUILD_SIGNING_KEY": str(private), PASSWORD_ENV: PASSWORD}
+    return {
+        "build --sign without --push": (
+            ["build", "--framework", "torch", "--cuda", "cpu", "--sign"], key_env, "add --push",
+        ),
+        "build --sign without a key": (
+            ["build", "--framework", "torch", "--cuda", "cpu", "--push", unreachable, "--sign"],
+            {"ENVBUILD_SIGNING_KEY": None}, "set ENVBUILD_SIGNING_KEY",
+        ),
+        "publish --sign with a wrong password": (
+            ["publish", "--framework", "torch", "--registry", unreachable, "--sign"],
+            {"ENVBUILD_SIGNING_KEY": str(private), PASSWORD_ENV: "not the password 93b1"},
+            "wrong password",
+        ),
+        "publish --sign with the public key": (
+            ["publish", "--framework", "torch", "--registry", unreachable, "--sign"],
+            {"ENVBUILD_SIGNING_KEY": str(public)}, "is a public key",
+        ),
+        "verify --key with the private key": (
+            ["verify", f"{unreachable}/torch:1", "--key", str(private)], {}, "is a private key",
+        ),
+        "verify --key missing": (
+            ["verify", f"{unreachable}/torch:1", "--key", str(tmp_path / "absent.pub")], {},
+            "no such file",
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "build --sign without --push",
+        "build --sign without a key",
+        "publish --sign with a wrong password",
+        "publish --sign with the public key",
+        "verify --key with the private key",
+        "verify --key missing",
+    ],
+)
+def test_signing_mistakes_are_one_line_before_any_work(
+    case: str, tmp_path: Path, key_pair: tuple[Path, Path]
+) -> None:
+    args, env, words = signing_mistakes(tmp_path, key_pair)[case]
+    # DOCKER_HOST at nothing: a command that reached for the engine would fail another way.
+    env = {**env, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert words in one_error_line(result.stderr)
+    assert_no_secret(key_pair[0], result.stdout, result.stderr)
