@@ -7,7 +7,6 @@ parse them strictly); tests round-trip them through the in-toto-attestation bind
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -151,16 +150,6 @@ def provenance(facts: BuildFacts) -> dict[str, Any]:
             "byproducts": [{"name": "image config", "digest": {"sha256": _hex(facts.image_id)}}],
         },
     }
-
-
-def payload_digest(files: Mapping[str, bytes]) -> str:
-    """One sha256 over a payload folder's files (name and content, in name order)."""
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        data = files[name]
-        digest.update(b"%d:%s\0%d:" % (len(name), name.encode(), len(data)))
-        digest.update(data)
-    return "sha256:" + digest.hexdigest()
 
 
 def _hex(digest: str) -> str:

@@ -10,6 +10,7 @@ build, a framework it has no payload for, a GPU choice it does not offer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -42,6 +43,7 @@ class PayloadRun:
     result: RunResult
     gpus: bool
     seconds: float
+    payload_digest: str  # of the files copied in: what ran, for the signed verdict
 
     def missing(self, what: str) -> str:
         """Why `what` (e.g. "the payload") left no report: the one line for every payload."""
@@ -145,7 +147,18 @@ def run_payload(
         result=result,
         gpus=gpus,
         seconds=time.monotonic() - start,
+        payload_digest=files_digest(files),
     )
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """One sha256 over a payload's files, names and contents, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        data = files[name]
+        digest.update(b"%d:%s\0%d:" % (len(name), name.encode(), len(data)))
+        digest.update(data)
+    return "sha256:" + digest.hexdigest()
 
 
 def docker_run_flags(labels: dict[str, str], *, gpus: bool) -> str:

@@ -38,6 +38,7 @@ def smoke_image(
         payload = run.report
         checks = check_report(payload, image.labels, gpus=use_gpus)
     payload["run_with"] = docker_run_flags(image.labels, gpus=use_gpus)
+    payload["payload_digest"] = run.payload_digest
     cuda = image.labels.get(label_keys.CUDA)
     if cuda and cuda != CPU:
         static, static_checks = _static_smoke(engine, image, ref, framework, knowledge, timeout)

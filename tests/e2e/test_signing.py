@@ -90,6 +90,9 @@ def test_a_signed_vetted_image_verifies_with_envbuild_and_skopeo(
     assert provenance["buildDefinition"]["externalParameters"]["framework"] == "torch"
     assert facts.predicates[cosign.TEST_RESULT]["result"] == "PASSED"
     assert "loss_fell" in facts.predicates[cosign.TEST_RESULT]["passedTests"]
+    payload = facts.predicates[cosign.TEST_RESULT]["configuration"][0]
+    assert payload["name"] == "envbuild smoke payload"
+    assert len(payload["digest"]["sha256"]) == 64
 
     everything = published.stdout + published.stderr + verified.stdout + verified.stderr
     for secret in secrets(private):

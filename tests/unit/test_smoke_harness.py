@@ -580,3 +580,16 @@ def test_the_user_part_names_who_ran_and_each_folder_it_cannot_write(tmp_path: P
     assert (tmp_path / "home").is_dir()
     assert part["environment"] == sys.prefix
     assert (sys.prefix in part["environment_writable"]) == os.access(sys.prefix, os.W_OK)
+
+
+def test_the_payload_digest_names_exactly_what_ran() -> None:
+    from envbuild.smoke.runner import files_digest, payload_files
+
+    _, files = payload_files("torch_smoke.py")
+    digest = files_digest(files)
+    assert digest.startswith("sha256:")
+    assert files_digest(dict(reversed(list(files.items())))) == digest  # order does not matter
+    name = next(iter(files))
+    assert files_digest({**files, name: files[name] + b"\n"}) != digest
+    # A name's end cannot pass for a content's start.
+    assert files_digest({"ab": b"c"}) != files_digest({"a": b"bc"})
