@@ -47,6 +47,7 @@ from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_plac
 from envbuild.core.labels import INSTALL_STAGE, STAGE
 from envbuild.core.models import BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
+from envbuild.core.settings import seconds_setting
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
 from envbuild.engine.leftovers import left_behind
 from envbuild.net.bounded import printable
@@ -115,20 +116,7 @@ def ipv4_gateway(network_attrs: dict[str, Any]) -> str | None:
 def answer_timeout(environ: Mapping[str, str] | None = None) -> int:
     """Seconds the engine has to answer: ENVBUILD_ENGINE_TIMEOUT (whole seconds, rounded up),
     else the default."""
-    env = os.environ if environ is None else environ
-    text = env.get(TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds <= 86400:
-        msg = (
-            f"{TIMEOUT_ENV}={printable(text, 40)!r} is not a number of seconds; "
-            f"set it to e.g. {DEFAULT_TIMEOUT:g}, or unset it"
-        )
-        raise BadInput(msg)
+    seconds = seconds_setting(TIMEOUT_ENV, DEFAULT_TIMEOUT, environ)
     return math.ceil(seconds)
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import requests
 
-from envbuild.core.errors import BadInput
 from envbuild.core.models import ProxySettings
+from envbuild.core.settings import seconds_setting
 from envbuild.net.bounded import (
     SMALL_LIMIT,
     BodyTooLarge,
@@ -73,21 +72,7 @@ def bounded(
 
 def deadline_from_env(environ: Mapping[str, str] | None = None) -> float:
     """Seconds per registry operation: ENVBUILD_REGISTRY_TIMEOUT, else the default."""
-    env = os.environ if environ is None else environ
-    text = env.get(DEADLINE_ENV, "").strip()
-    if not text:
-        return DEFAULT_DEADLINE
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds <= 86400:
-        msg = (
-            f"{DEADLINE_ENV}={printable(text, 40)!r} is not a number of seconds; "
-            f"set it to e.g. {DEFAULT_DEADLINE:g}, or unset it"
-        )
-        raise BadInput(msg)
-    return seconds
+    return seconds_setting(DEADLINE_ENV, DEFAULT_DEADLINE, environ)
 
 
 class RegistryConnection:
