@@ -22,11 +22,10 @@ from envbuild.cli.maintenance import base, knowledge
 from envbuild.cli.options import (
     build_options_from,
     ca_bundle_option,
-    fetch_options,
+    entry_options,
     fleet_from,
     fleet_option,
     gpus_option,
-    package_options,
     picked,
     plan_from,
     proxy_option,
@@ -34,7 +33,6 @@ from envbuild.cli.options import (
     selectors,
     sign_option,
     signing_key_from,
-    user_option,
 )
 from envbuild.cli.signing import keys, policy
 from envbuild.core.errors import EXIT_FAILED, EnvbuildError
@@ -63,10 +61,7 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@selectors
-@package_options
-@user_option
-@fetch_options
+@entry_options
 @click.option("--driver", metavar="VERSION", help="Drop entries this NVIDIA driver cannot run.")
 @click.option(
     "--gpu",
@@ -114,10 +109,7 @@ def ci_matrix(**kwargs: Any) -> None:
 
 
 @main.command()
-@selectors
-@package_options
-@user_option
-@fetch_options
+@entry_options
 @locked_option
 @click.option(
     "-o",
@@ -163,10 +155,7 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
 
 
 @main.command()
-@selectors
-@package_options
-@user_option
-@fetch_options
+@entry_options
 @locked_option
 @click.option("--no-smoke", is_flag=True, help="Build only; skip the smoke test.")
 @gpus_option("GPUs for the smoke test.")

@@ -262,6 +262,12 @@ def user_option(func: F) -> F:
     )(func)
 
 
+def entry_options(func: F) -> F:
+    """The options plan, render and build share: which entries (selectors), what each holds
+    (packages, user) and where its wheels come from (fetch options)."""
+    return selectors(package_options(user_option(fetch_options(func))))
+
+
 def sign_option(func: F) -> F:
     """`--sign`: sign what is published with the key ENVBUILD_SIGNING_KEY names."""
     return click.option(
