@@ -27,6 +27,7 @@ harness beside it), and it must run on every Python an image can bring (3.8 and 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import platform
@@ -579,19 +580,23 @@ def bench_parts() -> dict[str, Any]:
 
 
 def run_sections(
-    run: Any,
-    budget: Budget,
-    sections: dict[str, Callable[[dict[str, Any], Clock], Any]],
+    run: Any, budget: Budget, state: Any, measures: tuple[Callable[..., Any], ...]
 ) -> None:
-    """Run the measured sections in the order of SHARES: ``sections[name](doc, clock)``, the
-    clock that section's share of the budget, under a hard deadline SECTION_GRACE_S past it;
-    each part's ``seconds`` is its section's wall time, whatever happens in it."""
+    """Run the measured sections in the order of SHARES: the function ``run_<name>`` of
+    ``measures`` as ``run_<name>(state, doc, clock)``, the clock that section's share of the
+    budget, under a hard deadline SECTION_GRACE_S past it; each part's ``seconds`` is its
+    section's wall time, whatever happens in it."""
     import smoke_harness as harness  # beside this file in the image, as for the payloads
 
+    by_name = {fn.__name__.removeprefix("run_"): fn for fn in measures}
+    missing = [name for name, _ in SHARES if name not in by_name]
+    if missing:
+        raise ValueError(f"no run_{missing[0]} among the measures")  # a payload's own bug
     for name, _ in SHARES:
         share = budget.share(name)
         harness.log(f"{name}: {share:.1f} s of the budget")
-        run.section(name, share + SECTION_GRACE_S, _timed(name, sections[name], budget))
+        section = functools.partial(by_name[name], state)
+        run.section(name, share + SECTION_GRACE_S, _timed(name, section, budget))
 
 
 def _timed(

@@ -681,15 +681,7 @@ def benchmark(run, budget):
     )
     run.section("devices", 60, lambda doc: collect_devices(jax, doc))
     bench.run_sections(
-        run,
-        budget,
-        {
-            "throughput": functools.partial(run_throughput, state),
-            "compile": functools.partial(run_compile, state),
-            "batch": functools.partial(run_batch, state),
-            "loader": functools.partial(run_loader, state),
-            "allreduce": functools.partial(run_allreduce, state),
-        },
+        run, budget, state, (run_throughput, run_compile, run_batch, run_loader, run_allreduce)
     )
 
 

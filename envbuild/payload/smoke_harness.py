@@ -61,6 +61,10 @@ STOP_GRACE_S = 2.0
 
 # The train part's optimizer steps unless ENVBUILD_SMOKE_STEPS says otherwise.
 DEFAULT_STEPS = 20
+# The training sections every framework runs alike: steps of the compiled step and of each half
+# of the checkpoint round trip.
+COMPILE_STEPS = 10
+CHECKPOINT_STEPS = 10
 
 # Each check is (name, part of the document, key in it): the check passes when the key is true.
 STANDARD_CHECKS = (

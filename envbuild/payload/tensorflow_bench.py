@@ -621,15 +621,7 @@ def benchmark(run, budget):
     run.section("versions", 60, lambda doc: tensorflow_smoke.collect_versions(tf, doc["versions"]))
     run.section("devices", 60, lambda doc: run_devices(state, doc))
     bench.run_sections(
-        run,
-        budget,
-        {
-            "throughput": functools.partial(run_throughput, state),
-            "compile": functools.partial(run_compile, state),
-            "batch": functools.partial(run_batch, state),
-            "loader": functools.partial(run_loader, state),
-            "allreduce": functools.partial(run_allreduce, state),
-        },
+        run, budget, state, (run_throughput, run_compile, run_batch, run_loader, run_allreduce)
     )
 
 

@@ -38,14 +38,12 @@ import image_user
 import package_imports
 import smoke_harness as harness
 import smoke_verdicts as verdicts
-from smoke_harness import describe_exc, log
+from smoke_harness import CHECKPOINT_STEPS, COMPILE_STEPS, describe_exc, log
 
 PAYLOAD = "tensorflow"
 
 LEARNING_RATE = 0.02
 MOMENTUM = 0.9
-COMPILE_STEPS = 10
-CHECKPOINT_STEPS = 10
 LOADER_BATCHES = 16
 LOADER_BATCH = 64
 LOADER_FEATURES = 1024

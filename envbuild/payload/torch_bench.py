@@ -28,10 +28,8 @@ import functools
 import gc
 import os
 import shutil
-import sys
 import threading
 import time
-import traceback
 
 import bench_harness as bench
 import smoke_harness as harness
@@ -629,75 +627,72 @@ def _rank_main(rank, world, port, backend, sizes, deadline, conn):
     and the least time left), so all of them run the same collectives.  ``deadline`` is on
     the monotonic clock, which every process of the machine shares.  Sends one dict."""
     res = {"rank": rank, "ok": False, "points": [], "stopped": None, "error": None}
-    try:
-        torch, dist, device = torch_ranks.join_process_group(rank, world, port, backend, 60)
+    torch_ranks.report_rank(
+        conn, res, rank, lambda: _measure_rank(res, rank, world, port, backend, sizes, deadline)
+    )
 
-        def sync():
-            torch_ranks.synchronize(torch, device)
 
-        control = torch.zeros(2, dtype=torch.float64, device=device)
+def _measure_rank(res, rank, world, port, backend, sizes, deadline):
+    """The work of one bench all-reduce rank (see _rank_main); its points in ``res``."""
+    torch, dist, device = torch_ranks.join_process_group(rank, world, port, backend, 60)
 
-        def agree(once):
-            """(the slowest rank's ``once``, the least time left among the ranks)."""
-            control[0] = once
-            control[1] = -(deadline - time.monotonic())
-            dist.all_reduce(control, op=dist.ReduceOp.MAX)
-            slowest, least = control.tolist()
-            return slowest, -least
+    def sync():
+        torch_ranks.synchronize(torch, device)
 
-        expected = world * (world + 1) / 2.0
-        once, last_bytes = None, None
-        for index, nbytes in enumerate(sizes):
-            elements = max(2, nbytes // 4)
-            _, left = agree(0.0)
-            guess = 0.0 if once is None else once * elements * 4 / last_bytes
-            need = allreduce_size_seconds(guess)
-            if need > left:
-                res["stopped"] = {
-                    "index": index,
-                    "why": f"an all-reduce of {size_text(elements * 4)} would need about "
-                    f"{need:.1f} s, {max(left, 0.0):.1f} s left",
-                }
-                break
-            t = torch.full((elements,), float(rank + 1), dtype=torch.float32, device=device)
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            sync()
-            correct, got = torch_ranks.check_sum(torch, t, expected)
-            t.zero_()  # the timed sums: zeros cannot overflow
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            sync()
-            t0 = time.perf_counter()
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            sync()
-            once, left = agree(time.perf_counter() - t0)
-            last_bytes = elements * 4
-            calls, reps = allreduce_plan(once, left, len(sizes) - index)
-            if reps == 0:
-                res["stopped"] = {
-                    "index": index,
-                    "why": f"an all-reduce of {size_text(last_bytes)} takes {once:.2g} s; "
-                    f"{max(left, 0.0):.1f} s left",
-                }
-                break
-            res["points"].append(
-                {
-                    "bytes": last_bytes,
-                    "calls": calls,
-                    "samples": _sum_seconds(dist, t, calls, reps, sync),
-                    "correct": bool(correct),
-                    "got": got,
-                }
-            )
-            del t
-        res["ok"] = True
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-    except BaseException as exc:  # report everything, even KeyboardInterrupt
-        res["error"] = f"rank {rank}: {harness.describe_exc(exc)}"
-        traceback.print_exc(file=sys.stderr)
-    with contextlib.suppress(Exception):
-        conn.send(res)
-        conn.close()
+    control = torch.zeros(2, dtype=torch.float64, device=device)
+
+    def agree(once):
+        """(the slowest rank's ``once``, the least time left among the ranks)."""
+        control[0] = once
+        control[1] = -(deadline - time.monotonic())
+        dist.all_reduce(control, op=dist.ReduceOp.MAX)
+        slowest, least = control.tolist()
+        return slowest, -least
+
+    expected = world * (world + 1) / 2.0
+    once, last_bytes = None, None
+    for index, nbytes in enumerate(sizes):
+        elements = max(2, nbytes // 4)
+        _, left = agree(0.0)
+        guess = 0.0 if once is None else once * elements * 4 / last_bytes
+        need = allreduce_size_seconds(guess)
+        if need > left:
+            res["stopped"] = {
+                "index": index,
+                "why": f"an all-reduce of {size_text(elements * 4)} would need about "
+                f"{need:.1f} s, {max(left, 0.0):.1f} s left",
+            }
+            break
+        t = torch.full((elements,), float(rank + 1), dtype=torch.float32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        sync()
+        correct, got = torch_ranks.check_sum(torch, t, expected)
+        t.zero_()  # the timed sums: zeros cannot overflow
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        sync()
+        t0 = time.perf_counter()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        sync()
+        once, left = agree(time.perf_counter() - t0)
+        last_bytes = elements * 4
+        calls, reps = allreduce_plan(once, left, len(sizes) - index)
+        if reps == 0:
+            res["stopped"] = {
+                "index": index,
+                "why": f"an all-reduce of {size_text(last_bytes)} takes {once:.2g} s; "
+                f"{max(left, 0.0):.1f} s left",
+            }
+            break
+        res["points"].append(
+            {
+                "bytes": last_bytes,
+                "calls": calls,
+                "samples": _sum_seconds(dist, t, calls, reps, sync),
+                "correct": bool(correct),
+                "got": got,
+            }
+        )
+        del t
 
 
 def _sum_seconds(dist, t, calls, reps, sync):
@@ -806,15 +801,7 @@ def benchmark(run, budget):
     )
     run.section("devices", 60, lambda doc: run_devices(state, doc))
     bench.run_sections(
-        run,
-        budget,
-        {
-            "throughput": functools.partial(run_throughput, state),
-            "compile": functools.partial(run_compile, state),
-            "batch": functools.partial(run_batch, state),
-            "loader": functools.partial(run_loader, state),
-            "allreduce": functools.partial(run_allreduce, state),
-        },
+        run, budget, state, (run_throughput, run_compile, run_batch, run_loader, run_allreduce)
     )
 
 

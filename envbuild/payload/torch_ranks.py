@@ -150,3 +150,26 @@ def stop_processes(procs):
         if p.is_alive():
             p.kill()
             p.join(5.0)
+
+
+def report_rank(conn, res, rank, body):
+    """Run ``body()`` in rank ``rank``'s spawned process: ``res["ok"]`` once it returns (then
+    the process group is left), ``res["error"]`` when it raises anything, even
+    KeyboardInterrupt; ``res`` goes back through ``conn`` whatever happens."""
+    import traceback
+
+    import smoke_harness as harness
+
+    try:
+        body()
+        res["ok"] = True
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    except BaseException as exc:  # report everything, even KeyboardInterrupt
+        res["error"] = f"rank {rank}: {harness.describe_exc(exc)}"
+        traceback.print_exc(file=sys.stderr)
+    with contextlib.suppress(Exception):
+        conn.send(res)
+        conn.close()

@@ -39,15 +39,12 @@ children that die or hang are killed and reported.
 Knob: ENVBUILD_SMOKE_STEPS (optimizer steps, default 20, minimum 2).
 """
 
-import contextlib
 import math
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
-import traceback
 
 import image_user
 import package_imports
@@ -55,6 +52,7 @@ import payload_versions
 import smoke_harness as harness
 import smoke_verdicts as verdicts
 import torch_ranks
+from smoke_harness import CHECKPOINT_STEPS, COMPILE_STEPS
 
 PAYLOAD = "torch"
 
@@ -63,8 +61,6 @@ PAYLOAD = "torch"
 ALLREDUCE_TIMEOUT_S = 300.0
 ALLREDUCE_MARGIN_S = 30.0
 
-COMPILE_STEPS = 10
-CHECKPOINT_STEPS = 10
 # 24 batches of 256 x 1024 float32 (1 MiB each) from 2 worker processes: every batch crosses
 # /dev/shm, a few MiB at a time (prefetch), in about a second.
 LOADER_WORKERS = 2
@@ -201,50 +197,50 @@ def _allreduce_worker(rank, world, port, backend, elements, warmup, iters, conn)
     """One rank (a spawned process): the sum checked on a fresh buffer, the bandwidth, the sum
     checked again after the buffer was used repeatedly.  Sends one dict through ``conn``."""
     res = {"rank": rank, "ok": False, "correct": False, "got": None, "seconds": None, "error": None}
-    try:
-        torch, dist, device = torch_ranks.join_process_group(
-            rank, world, port, backend, ALLREDUCE_TIMEOUT_S / 2
-        )
-        expected = world * (world + 1) / 2.0
-        t = torch.empty(elements, dtype=torch.float32, device=device)
+    torch_ranks.report_rank(
+        conn,
+        res,
+        rank,
+        lambda: _allreduce_rank(res, rank, world, port, backend, elements, warmup, iters),
+    )
 
-        # correctness on a fresh buffer
-        t.fill_(rank + 1)
+
+def _allreduce_rank(res, rank, world, port, backend, elements, warmup, iters):
+    """The work of one smoke all-reduce rank; its findings in ``res``."""
+    torch, dist, device = torch_ranks.join_process_group(
+        rank, world, port, backend, ALLREDUCE_TIMEOUT_S / 2
+    )
+    expected = world * (world + 1) / 2.0
+    t = torch.empty(elements, dtype=torch.float32, device=device)
+
+    # correctness on a fresh buffer
+    t.fill_(rank + 1)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    torch_ranks.synchronize(torch, device)
+    correct1, got1 = torch_ranks.check_sum(torch, t, expected)
+
+    # bandwidth (values are irrelevant; zeros cannot overflow)
+    t.zero_()
+    for _ in range(warmup):
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        torch_ranks.synchronize(torch, device)
-        correct1, got1 = torch_ranks.check_sum(torch, t, expected)
-
-        # bandwidth (values are irrelevant; zeros cannot overflow)
-        t.zero_()
-        for _ in range(warmup):
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        torch_ranks.synchronize(torch, device)
-        dist.barrier()
-        torch_ranks.synchronize(torch, device)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        torch_ranks.synchronize(torch, device)
-        seconds = (time.perf_counter() - t0) / iters
-
-        # correctness again after the buffer has been used repeatedly
-        t.fill_(rank + 1)
+    torch_ranks.synchronize(torch, device)
+    dist.barrier()
+    torch_ranks.synchronize(torch, device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        torch_ranks.synchronize(torch, device)
-        correct2, got2 = torch_ranks.check_sum(torch, t, expected)
+    torch_ranks.synchronize(torch, device)
+    seconds = (time.perf_counter() - t0) / iters
 
-        res["correct"] = bool(correct1 and correct2)
-        res["got"] = got1 if not correct1 else got2
-        res["seconds"] = seconds
-        res["ok"] = True
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-    except BaseException as exc:  # report everything, even KeyboardInterrupt
-        res["error"] = f"rank {rank}: {harness.describe_exc(exc)}"
-        traceback.print_exc(file=sys.stderr)
-    with contextlib.suppress(Exception):
-        conn.send(res)
-        conn.close()
+    # correctness again after the buffer has been used repeatedly
+    t.fill_(rank + 1)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    torch_ranks.synchronize(torch, device)
+    correct2, got2 = torch_ranks.check_sum(torch, t, expected)
+
+    res["correct"] = bool(correct1 and correct2)
+    res["got"] = got1 if not correct1 else got2
+    res["seconds"] = seconds
 
 
 def run_allreduce(torch, ar, errors, timeout_s=ALLREDUCE_TIMEOUT_S):
