@@ -31,10 +31,12 @@ _URL_AUTHORITY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:)?(?P<slashes>
 
 
 def shown(text: str, limit: int = 80) -> str:
-    """`text` quoted for a one-line message: control characters escaped, long values cut."""
+    """`text` quoted for a one-line message: control characters escaped, long values cut in the
+    middle (a path's file name and a value's start both stay in view)."""
     if len(text) <= limit:
         return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
+    half = limit // 2
+    return f"{text[:half]!r}...{text[-half:]!r} ({len(text)} characters)"
 
 
 def _is_host(component: str) -> bool:

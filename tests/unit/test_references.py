@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envbuild.core.names import image_reference_problem, split_tag
+from envbuild.core.names import image_reference_problem, shown, split_tag
 from envbuild.registry import parse_reference
 from envbuild.registry.errors import BadReference
 
@@ -38,3 +38,18 @@ def test_a_port_is_not_taken_for_a_tag() -> None:
     assert image_reference_problem("localhost:5000/team/torch") is None
     ref = parse_reference("localhost:5000/team/torch")
     assert (ref.host, ref.repository, ref.tag) == ("localhost:5000", "team/torch", "latest")
+
+
+@pytest.mark.parametrize("depth", [1, 5, 20, 200])
+def test_a_long_path_is_cut_in_the_middle_keeping_its_file_name(depth: int) -> None:
+    path = "/tmp/" + "/".join(f"folder-{i}" for i in range(depth)) + "/missing.pem"
+    text = shown(path)
+    assert "missing.pem" in text
+    assert text.startswith("'/tmp/")
+    assert len(text) <= 80 + 40  # the cut value, its quotes and the length note
+
+
+def test_control_characters_are_escaped_on_both_sides_of_the_cut() -> None:
+    text = shown("\x1b[31m" + "x" * 200 + "\r\n\u202e")
+    for control in ("\x1b", "\r", "\n", "\u202e"):
+        assert control not in text
