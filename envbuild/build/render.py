@@ -20,6 +20,7 @@ import jinja2
 
 from envbuild.core import labels
 from envbuild.core.errors import BadInput
+from envbuild.core.files import FileTooLarge, NotRegularFile, read_small_file
 from envbuild.core.models import (
     CPU,
     IMAGE_HOME,
@@ -130,19 +131,16 @@ def check_ca_bundle(path: Path) -> Path:
     resolved = _regular_file(path, "--ca-bundle")
     where = f"--ca-bundle {shown(str(path))}"
     try:
-        # O_NONBLOCK: a FIFO swapped in after the check must not hang the read.
-        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                msg = f"{where}: not a regular file; pass a PEM bundle"
-                raise BadInput(msg)
-            data = handle.read(CA_MAX_BYTES + 1)
+        data = read_small_file(resolved, CA_MAX_BYTES, follow_links=False)
+    except NotRegularFile:
+        msg = f"{where}: not a regular file; pass a PEM bundle"
+        raise BadInput(msg) from None
+    except FileTooLarge:
+        msg = f"{where}: larger than {CA_MAX_BYTES // (1024 * 1024)} MiB; pass a PEM bundle"
+        raise BadInput(msg) from None
     except OSError as exc:
         msg = f"{where}: cannot read it ({exc.strerror}); pass a readable PEM bundle"
         raise BadInput(msg) from exc
-    if len(data) > CA_MAX_BYTES:
-        msg = f"{where}: larger than {CA_MAX_BYTES // (1024 * 1024)} MiB; pass a PEM bundle"
-        raise BadInput(msg)
     if PEM_CERTIFICATE not in data:
         msg = (
             f"{where}: holds no PEM certificate ({PEM_CERTIFICATE.decode()}); "

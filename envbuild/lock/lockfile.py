@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from packaging.utils import canonicalize_name
 from envbuild import __version__
 from envbuild.core.atomic import write_atomically
 from envbuild.core.errors import BadInput
+from envbuild.core.files import FileTooLarge, NotRegularFile, read_small_file
 from envbuild.core.models import BuildOptions, Entry, Knowledge, Lock
 from envbuild.core.names import public_url, shown
 from envbuild.core.places import CACHE_DIR_FIX, lock_cache_dir, unwritable
@@ -87,23 +87,20 @@ def header(entry: Entry, inputs: dict[str, Any], digest: str) -> str:
 def read_lock_text(path: Path) -> str | None:
     """A lock file's text (None when absent); bounded; undecodable bytes read as stale text."""
     try:
-        mode = path.stat().st_mode
+        data = read_small_file(path, MAX_LOCK_BYTES)
     except (FileNotFoundError, NotADirectoryError):  # ENOTDIR: a file where a folder would be
         return None
-    except OSError as exc:
-        msg = f"{shown(str(path))}: cannot read the lock ({exc.strerror}); fix or remove it"
+    except NotRegularFile as exc:
+        msg = (
+            f"{shown(str(path))}: not a regular file ({exc.kind}); remove it and run envbuild lock"
+        )
         raise BadInput(msg) from exc
-    if not stat.S_ISREG(mode):
-        msg = f"{shown(str(path))}: not a regular file; remove it and run envbuild lock"
-        raise BadInput(msg)
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_LOCK_BYTES + 1)
-    except OSError as exc:
-        msg = f"{shown(str(path))}: cannot read the lock ({exc.strerror}); fix or remove it"
-        raise BadInput(msg) from exc
-    if len(data) > MAX_LOCK_BYTES:
+    except FileTooLarge:
         return ""  # no envbuild lock is this large: stale, rewritten by `envbuild lock`
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or "not a usable file name"
+        msg = f"{shown(str(path))}: cannot read the lock ({reason}); fix or remove it"
+        raise BadInput(msg) from exc
     return data.decode("utf-8", errors="replace")
 
 
