@@ -7,7 +7,9 @@ user's places.
   registered secret out of text before it leaves envbuild.
 - `names`: checks of the strings that name things outside envbuild (image references,
   repositories, index URLs); `versions`: release strings as versions, CUDA tags.
-- `yamlfile`: the one reader of envbuild's YAML files; `atomic`: replacing a file in one step.
+- `files`: the one reader of a small file a user names (regular only, non-blocking, bounded);
+  `yamlfile`: the one reader of envbuild's YAML files; `atomic`: replacing a file in one step.
+- `settings`: settings read from the environment, each checked the one way.
 - `resources`: where templates/ and matrices/ live; `places`: the user's data, cache and log
   folders; `store`: the record of smoke results, builds and publications there.
 - `interrupt`: a run's identity (its id, where it runs) and a clean end on Ctrl-C or SIGTERM.

@@ -55,7 +55,7 @@ def test_a_signed_vetted_image_verifies_with_envbuild_and_skopeo(
     server = shared_registry
     report = tmp_path / "published.json"
     published = envbuild(
-        "publish", *SELECT, "--registry", f"{server.host}/signed", "--sign",
+        "-v", "publish", *SELECT, "--registry", f"{server.host}/signed", "--sign",
         "--report", str(report), env=signing_env(private),
     )  # fmt: skip
     assert published.returncode == 0, published.stderr
@@ -94,7 +94,9 @@ def test_a_signed_vetted_image_verifies_with_envbuild_and_skopeo(
     assert payload["name"] == "envbuild smoke payload"
     assert len(payload["digest"]["sha256"]) == 64
 
+    # -v: debug logs (urllib3's, docker-py's) are searched too, and the report.
     everything = published.stdout + published.stderr + verified.stdout + verified.stderr
+    everything += report.read_text()
     for secret in secrets(private):
         assert secret not in everything
     image = docker_client.images.get(kinds["immutable"]["image_id"])
