@@ -101,6 +101,7 @@ class IndexServer:
         self.container = self.client.containers.run(
             TORCH_CPU_IMAGE, ["python3", "/certs/serve.py"], detach=True,
             labels={TEST_LABEL: "1"},
+            user="0:0",  # reads the keys openssl wrote 0600 as root; the image runs as envbuild
             volumes={str(self.tree): {"bind": "/srv", "mode": "ro"},
                      str(self.certs): {"bind": "/certs", "mode": "rw"}},
         )  # fmt: skip

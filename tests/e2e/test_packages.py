@@ -13,7 +13,7 @@ import docker
 import pytest
 import uv
 
-from tests.support.docker_support import TEST_INDEX, envbuild
+from tests.support.docker_support import TEST_INDEX, envbuild, output_of
 
 pytestmark = pytest.mark.e2e
 
@@ -89,11 +89,11 @@ def test_packages_are_locked_and_the_image_installs_exactly_the_lock(
     (result,) = json.loads(report.read_text())["results"]
     assert result["status"] == "built"
     assert result["smoke"]["passed"] is True
-    out = docker_client.containers.run(
+    out = output_of(docker_client,
         IMAGE,
         ["python3", "-c",
          "import six, numpy; print(six.__version__); print(open('/opt/venv/envbuild.lock').read())"],
-        remove=True, network_mode="none",
+        network_mode="none",
     ).decode()  # fmt: skip
     version, kept = out.split("\n", 1)
     assert version == "1.16.0"
@@ -103,13 +103,13 @@ def test_packages_are_locked_and_the_image_installs_exactly_the_lock(
     # distributions, and the image is named by the same content hash.
     first = docker_client.images.get(IMAGE)
     freeze = ["python3", "-m", "pip", "freeze", "--all"]
-    frozen = docker_client.containers.run(IMAGE, freeze, remove=True, network_mode="none")
+    frozen = output_of(docker_client, IMAGE, freeze, network_mode="none")
     again = envbuild("build", "-m", str(team), "--locked", *given, "--no-cache", "--no-smoke")
     assert again.returncode == 0, again.stderr[-3000:]
     second = docker_client.images.get(IMAGE)
     assert second.id != first.id  # really built again
     assert second.labels["org.envbuild.content-hash"] == first.labels["org.envbuild.content-hash"]
-    assert docker_client.containers.run(IMAGE, freeze, remove=True, network_mode="none") == frozen
+    assert output_of(docker_client, IMAGE, freeze, network_mode="none") == frozen
     docker_client.images.remove(first.id, force=True)
 
     # The matrix asks for another package: its lock is stale, and --locked refuses to build.

@@ -20,6 +20,7 @@ from tests.support.docker_support import (
     TEST_REPOSITORY,
     TORCH_CPU_IMAGE,
     envbuild,
+    output_of,
     repositories,
 )
 from tests.support.registry_server import (
@@ -84,10 +85,10 @@ def test_publish_verifies_the_digest_and_the_evidence(
     pulled = docker_client.images.pull(by_digest)
     try:
         assert pulled.id == immutable["image_id"]
-        out = docker_client.containers.run(
+        out = output_of(
+            docker_client,
             by_digest,
             ["python3", "-c", "import torch; print(torch.__version__)"],
-            remove=True,
             network_mode="none",
         )
         assert out.decode().strip() == "2.13.0+cpu"

@@ -28,7 +28,13 @@ from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine
 from envbuild.knowledge.load import load_knowledge
 from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
-from tests.support.docker_support import compile_lock, envbuild, needles_in_layers, torch_cpu_args
+from tests.support.docker_support import (
+    compile_lock,
+    envbuild,
+    needles_in_layers,
+    output_of,
+    torch_cpu_args,
+)
 from tests.support.fault_support import epoch
 from tests.support.lock_support import fresh_lock, the_entry
 
@@ -205,8 +211,8 @@ def test_the_image_holds_its_lock_and_exactly_its_pins(
         "ls -A /tmp; test -e /opt/venv/bin/uv && echo UV-LEFT; "
         "find / -xdev \\( -name ca.crt -o -name 'torch-*.whl' -o -name 'install_env.py' \\) -print"
     )
-    output = docker_client.containers.run(
-        SECRET_IMAGE, ["sh", "-c", script], remove=True, network_mode="none",
+    output = output_of(docker_client,
+        SECRET_IMAGE, ["sh", "-c", script], network_mode="none",
         user="0:0",  # the whole file system, root's folders included; the image runs as envbuild
     ).decode()  # fmt: skip
     kept, freeze, leftovers = output.split("----\n")

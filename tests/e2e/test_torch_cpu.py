@@ -9,7 +9,14 @@ from typing import Any
 import docker
 import pytest
 
-from tests.support.docker_support import SECRET, TEST_LABEL, TORCH_CPU_IMAGE, derive, envbuild
+from tests.support.docker_support import (
+    SECRET,
+    TEST_LABEL,
+    TORCH_CPU_IMAGE,
+    derive,
+    envbuild,
+    output_of,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +91,8 @@ def test_no_helper_file_or_credential_reaches_the_image(
     for needle in (SECRET, "ca.crt", "PIP_INDEX_URL", "UV_INDEX_URL", "wheelhouse"):
         assert needle not in history, needle
         assert needle not in config, needle
-    listing = docker_client.containers.run(
+    listing = output_of(
+        docker_client,
         IMAGE,
         [
             "sh",
@@ -92,7 +100,6 @@ def test_no_helper_file_or_credential_reaches_the_image(
             "test -e /tmp/envbuild && echo HELPERS-PRESENT; test -e /root/.cache/pip && echo PIP-CACHE; "
             "find / -xdev \\( -name ca.crt -o -name 'torch-*.whl' \\) -print",
         ],
-        remove=True,
         network_mode="none",
         user="0:0",  # the whole file system, root's folders included; the image runs as envbuild
     ).decode()
@@ -114,9 +121,7 @@ def test_the_user_writes_its_home_and_caches_but_not_the_environment(
         "find /opt/venv ! -user root -print -quit; find /opt/venv ! -type l -perm -o=w -print -quit"
     )
     lines = (
-        docker_client.containers.run(IMAGE, ["sh", "-c", script], remove=True, network_mode="none")
-        .decode()
-        .split()
+        output_of(docker_client, IMAGE, ["sh", "-c", script], network_mode="none").decode().split()
     )
     home = "/home/envbuild"
     assert lines[:3] == ["1000", "1000", home]

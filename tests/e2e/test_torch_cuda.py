@@ -9,7 +9,7 @@ import docker
 import pytest
 import requests
 
-from tests.support.docker_support import TEST_INDEX, TEST_REPOSITORY, derive, envbuild
+from tests.support.docker_support import TEST_INDEX, TEST_REPOSITORY, derive, envbuild, output_of
 from tests.support.registry_server import RegistryServer
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +53,8 @@ def test_torch_2_4_1_cu121_builds_from_pypi_and_passes(
     for name in ("cuda_libraries", "cudnn_library", "nccl_library", "cuda_runtime_library", "gpu_archs"):  # fmt: skip
         assert checks[name]["passed"] is True, checks[name]
 
-    listing = docker_client.containers.run(
+    listing = output_of(
+        docker_client,
         IMAGE,
         [
             "sh",
@@ -61,7 +62,6 @@ def test_torch_2_4_1_cu121_builds_from_pypi_and_passes(
             "test -e /usr/local/cuda && echo SYSTEM-CUDA; test -e /root/.cache/pip && echo PIP-CACHE; "
             "find / -xdev -name 'libcudart.so*' -print",
         ],
-        remove=True,
         network_mode="none",
         user="0:0",  # the whole file system, root's folders included; the image runs as envbuild
     ).decode()

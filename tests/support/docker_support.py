@@ -61,6 +61,28 @@ def envbuild(
     )
 
 
+def output_of(
+    docker_client: docker.DockerClient, image: str, command: list[str], **options: object
+) -> bytes:
+    """What `command` prints on stdout in a fresh container of `image` (docker-py's
+    `containers.run` options), the container removed whatever happens; ContainerError with its
+    stderr on a non-zero exit, as `containers.run` raises.
+
+    Not `containers.run(..., remove=True)`: it reads the log stream only after it removed the
+    container, and a short-lived container's stream may be closed by then (docker-py then fails
+    inside its own code with "'NoneType' object has no attribute 'raw'")."""
+    container = docker_client.containers.create(image, command, **options)
+    try:
+        container.start()
+        status = container.wait(timeout=600)["StatusCode"]
+        if status != 0:
+            stderr = container.logs(stdout=False, stderr=True)
+            raise docker.errors.ContainerError(container, status, command, image, stderr)
+        return bytes(container.logs(stdout=True, stderr=False))
+    finally:
+        container.remove(force=True)
+
+
 def derive(
     docker_client: docker.DockerClient,
     folder: Path,
