@@ -4,22 +4,32 @@ envbuild serves what the install needs but the image must never hold (the uv bin
 bundle, the index URLs with their credentials, the wheelhouse) from the host for the duration
 of the build; the build argument ENVBUILD_SERVE is that server's URL. This script fetches uv,
 the CA bundle and config.json from it into a private temporary folder, creates the venv
-(`python3 -m venv`, pip included), runs
+(`python3 -m venv --without-pip`), runs
 
-    uv pip install --python VENV/bin/python --require-hashes --no-deps --no-cache -r LOCK
+    uv pip install --python VENV/bin/python --require-hashes --no-deps --no-cache
+                   --compile-bytecode -r LOCK -r SEEDS
+
+(SEEDS: the OS's own pip and setuptools wheels, those the lock does not pin, which
+`python3 -m venv` would have installed)
 
 with the CA bundle in SSL_CERT_FILE and the indexes in uv's environment variables (never on a
 command line), and removes the temporary folder whatever happens. uv's network limits are set
 here, not left to its defaults: an index that dies fails the install in about a minute, with one
 line naming it, while a slow but steady download never trips them. Usage:
 
-    ENVBUILD_SERVE=http://GATEWAY:PORT/PREFIX/ python3 install_env.py VENV LOCK
+    ENVBUILD_SERVE=http://GATEWAY:PORT/PREFIX/ python3 install_env.py [--only PATTERN] VENV LOCK
+
+`--only 'nvidia-*'` installs the lock's packages of that name (fnmatch) into the venv, made if
+missing: a step of its own, so that they get a layer of their own (templates/partials/install.j2);
+the step after it installs the whole lock, in which uv finds them installed already.
 """
 
 from __future__ import annotations
 
 import collections
+import fnmatch
 import glob
+import hashlib
 import json
 import os
 import re
@@ -39,6 +49,8 @@ CONFIG_NAME = "config.json"
 UV_NAME = "uv"
 CA_NAME = "ca.crt"
 WHEELS_NAME = "wheels/"
+SEEDS_NAME = "seeds.txt"  # in the scratch folder: the venv's pip, for uv's one run
+PART_NAME = "part.txt"  # in the scratch folder: the lock's pins an --only step installs
 FETCH_TIMEOUT = 120.0  # seconds without a byte from the host's server
 # uv's limits per request. The connect timeout (TCP, TLS and any proxy tunnel of one attempt)
 # is short: a dead address never answers a SYN, and every retry waits for it again. The read
@@ -53,6 +65,8 @@ HTTP_RETRIES = 3  # UV_HTTP_RETRIES: a reset in the middle of a large download i
 UV_TAIL_LINES = 200  # the last lines of uv's output kept to explain its failure
 MAX_LINE_BYTES = 4096
 MAX_REASON_CHARS = 240
+# A lock's requirement line: name[extras]==version.
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==")
 _CONFIG_KEYS = {"index_url", "extra_index_urls", "find_links", "offline", "ca_bundle"}
 
 
@@ -115,8 +129,11 @@ def _is_url(value: object) -> bool:
     )
 
 
-def uv_command(uv: str, config: Config, serve: str, venv: str, lock: str) -> list[str]:
-    """uv's command line: no index URL on it (they may hold credentials)."""
+def uv_command(
+    uv: str, config: Config, serve: str, venv: str, lock: str, seeds: str | None = None
+) -> list[str]:
+    """uv's command line: no index URL on it (they may hold credentials); `seeds`, the venv's
+    own pip (make_venv), installed in the same run."""
     command = [
         uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"),
         "--require-hashes", "--no-deps", "--no-cache", "--compile-bytecode", "--no-progress",
@@ -125,7 +142,7 @@ def uv_command(uv: str, config: Config, serve: str, venv: str, lock: str) -> lis
         command += ["--find-links", serve + WHEELS_NAME]
     if config.offline:
         command.append("--no-index")
-    return [*command, "-r", lock]
+    return [*command, "-r", lock, *(("-r", seeds) if seeds else ())]
 
 
 def uv_environment(config: Config, base: dict[str, str], ca_path: str | None) -> dict[str, str]:
@@ -217,7 +234,7 @@ def first_package(lock: str) -> str:
     """The name of the lock's first pinned package (its index page is what gets asked)."""
     with open(lock, encoding="utf-8") as handle:
         for line in handle:
-            match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line)
+            match = _PIN.match(line)
             if match:
                 return match.group(1)
     return "pip"
@@ -334,26 +351,76 @@ def seed_wheels() -> list[str]:
     return []
 
 
-def make_venv(uv: str, venv: str, environment: dict[str, str]) -> None:
-    """A venv with pip, as `python3 -m venv` makes it, in a third of the time: ensurepip runs
-    pip to install pip (about 3 s); uv installs the same wheels from the same folder."""
+def make_venv(venv: str, lock: str | None, scratch: str) -> str | None:
+    """The venv, made without pip unless it is there; and for a `lock`, the requirements file
+    (in `scratch`) that seeds it as `python3 -m venv` would: the seed wheels the lock does not
+    pin, with their hashes. None when ensurepip made the venv (no seed wheels found), when
+    there is no `lock` to seed with, or when the lock pins every seed."""
+    # uv installs the seeds in the lock's own run, in one bytecode pass: ensurepip runs pip to
+    # install pip (3.0 s here), a uv run of their own took 1.4 s, and a seed the lock pins
+    # again (torch's setuptools) was installed, compiled and replaced.
     wheels = seed_wheels()
-    if not wheels:  # no seed wheels where we look: let ensurepip find its own
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        return
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
-    command = [
-        uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"), "--offline",
-        "--no-index", "--no-deps", "--no-cache", "--compile-bytecode", "--quiet", *wheels,
-    ]  # fmt: skip
-    result = subprocess.run(command, env=environment, check=False)
-    if result.returncode != 0:
-        msg = f"uv could not seed the venv with {', '.join(map(os.path.basename, wheels))}"
+    if not os.path.exists(os.path.join(venv, "bin", "python")):  # an --only step made it
+        without_pip = ["--without-pip"] if wheels else []  # else ensurepip brings its own
+        subprocess.run([sys.executable, "-m", "venv", *without_pip, venv], check=True)
+    if not wheels or lock is None:
+        return None
+    pinned = set(lock_names(lock))
+    lines = []
+    for wheel in wheels:
+        name = canonical(os.path.basename(wheel).split("-", 1)[0])
+        if name in pinned:
+            continue
+        digest = hashlib.sha256()
+        with open(wheel, "rb") as handle:  # the image's Python: file_digest is 3.11's
+            for block in iter(lambda: handle.read(1024 * 1024), b""):
+                digest.update(block)
+        url = "file://" + urllib.parse.quote(os.path.abspath(wheel))
+        lines.append(f"{name} @ {url} --hash=sha256:{digest.hexdigest()}\n")
+    if not lines:
+        return None
+    seeds = os.path.join(scratch, SEEDS_NAME)
+    with open(seeds, "w", encoding="utf-8") as handle:
+        handle.writelines(lines)
+    return seeds
+
+
+def lock_part(lock: str, pattern: str, scratch: str) -> str:
+    """A requirements file (in `scratch`) of the lock's pins whose canonical names match
+    `pattern` (fnmatch), each with its hash lines."""
+    kept: list[str] = []
+    keep = continued = False
+    with open(lock, encoding="utf-8") as handle:
+        for line in handle:
+            if not continued:
+                match = _PIN.match(line)
+                keep = match is not None and fnmatch.fnmatchcase(canonical(match.group(1)), pattern)
+            if keep:
+                kept.append(line)
+            continued = line.rstrip("\n").endswith("\\")
+    if not kept:
+        msg = f"{lock} pins no package named {pattern}; nothing to install in this step"
         raise InstallError(msg)
+    part = os.path.join(scratch, PART_NAME)
+    with open(part, "w", encoding="utf-8") as handle:
+        handle.writelines(kept)
+    return part
 
 
-def install(serve: str, venv: str, lock: str, scratch: str) -> None:
-    """Fetch into `scratch`, create the venv, install the lock; `scratch` is the caller's to remove."""
+def canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_names(lock: str) -> list[str]:
+    """The canonical names of the lock's pinned packages."""
+    with open(lock, encoding="utf-8") as handle:
+        return [canonical(match.group(1)) for match in map(_PIN.match, handle) if match]
+
+
+def install(serve: str, venv: str, lock: str, scratch: str, only: str | None) -> Phases:
+    """Fetch into `scratch`, create the venv unless it is there, install the lock (`only`: the
+    lock's packages whose names match that pattern); `scratch` is the caller's to remove."""
     clock = Phases()
     config = parse_config(fetch(serve + CONFIG_NAME))
     uv = os.path.join(scratch, UV_NAME)
@@ -367,28 +434,34 @@ def install(serve: str, venv: str, lock: str, scratch: str) -> None:
     environment = uv_environment(config, dict(os.environ), ca_path)
     # uv's own temporary files go to scratch too, so they leave with it.
     environment["TMPDIR"] = scratch
-    make_venv(uv, venv, environment)
+    seeds = make_venv(venv, lock if only is None else None, scratch)
+    wanted = lock if only is None else lock_part(lock, only, scratch)
     clock.done("venv")
-    code, tail = run_uv(uv_command(uv, config, serve, venv, lock), environment)
+    code, tail = run_uv(uv_command(uv, config, serve, venv, wanted, seeds), environment)
     if code != 0:
         msg = (
-            refused_index(config, first_package(lock), ca_path)
+            refused_index(config, first_package(wanted), ca_path)
             or network_failure(tail, serve)
             or f"uv could not install {lock} (exit {code}); see its output above"
         )
         raise InstallError(msg)
     clock.done("install")
-    print(f"envbuild install: {clock}", file=sys.stderr)
     # uv's own lock file of the environment (empty, world-writable): nothing the image needs.
     uv_lock = os.path.join(venv, ".lock")
     if os.path.isfile(uv_lock) and os.path.getsize(uv_lock) == 0:
         os.remove(uv_lock)
+    return clock
 
 
 def main(argv: list[str]) -> int:
     """Install, then remove every fetched file, the config and the temporary folder."""
+    only = None
+    if len(argv) == 4 and argv[0] == "--only":
+        only, argv = argv[1], argv[2:]
     if len(argv) != 2:
-        print("usage: ENVBUILD_SERVE=URL install_env.py VENV LOCK", file=sys.stderr)
+        print(
+            "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] VENV LOCK", file=sys.stderr
+        )
         return 2
     serve = os.environ.get(SERVE_VARIABLE, "")
     if not serve.startswith("http://") or not serve.endswith("/"):
@@ -400,12 +473,14 @@ def main(argv: list[str]) -> int:
         return 2
     scratch = tempfile.mkdtemp(prefix="envbuild-install-")
     try:
-        install(serve, argv[0], argv[1], scratch)
+        clock = install(serve, argv[0], argv[1], scratch, only)
     except (InstallError, subprocess.CalledProcessError) as exc:
         print(f"envbuild install: {exc}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    clock.done("clean-up")
+    print(f"envbuild install: {clock}", file=sys.stderr)
     return 0
 
 

@@ -6,15 +6,19 @@ on the one address it was given, and be gone when its block ends, however it end
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import json
 import os
+import random
 import socket
 import struct
 import subprocess
 import sys
 import time
 import urllib.parse
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -475,12 +479,14 @@ def test_real_uv_gives_up_on_a_silent_index_at_the_connect_timeout(
     assert "pw-1" not in line
 
 
-# Records each call (one JSON line) and fails the lock's install with `code`: the seeding of the
-# venv with pip is a call of its own. (uv itself is tested where it really runs: the e2e builds.)
+# Records each call (one JSON line, with the requirements files it was given) and fails the
+# lock's install with `code`. (uv itself is tested where it really runs: the e2e builds.)
 FAKE_UV = """#!{python}
 import json, os, sys
 ca = os.environ.get("SSL_CERT_FILE")
+files = [sys.argv[i + 1] for i, arg in enumerate(sys.argv) if arg == "-r"]
 record = {{"argv": sys.argv[1:], "ca": open(ca).read() if ca else None,
+          "requirements": [open(name).read() for name in files],
           "env": {{k: v for k, v in os.environ.items() if k.startswith(("UV_", "SSL_"))}},
           "here": os.path.dirname(sys.argv[0])}}
 with open({record!r}, "a") as handle:
@@ -499,7 +505,7 @@ def test_the_installer_fetches_installs_and_leaves_nothing_behind(
     scratch_root = tmp_path / "scratch"
     scratch_root.mkdir()
     venv, lock = tmp_path / "venv", tmp_path / "envbuild.lock"
-    lock.write_text("torch==2.13.0\n")
+    lock.write_text("torch==2.13.0 \\\n    --hash=sha256:00\nSetupTools==84.2.1\n")
     script = Path(install_env.__file__)
     with serve(LOOPBACK, build_files(inputs, fake_uv)) as base:
         result = subprocess.run(
@@ -509,13 +515,17 @@ def test_the_installer_fetches_installs_and_leaves_nothing_behind(
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
     assert result.returncode == (0 if code == 0 else 1), result.stderr
-    seed, seen = (json.loads(line) for line in record.read_text().splitlines())
-    # The venv is seeded with the wheels `python3 -m venv` uses, offline, before the lock.
+    (seen,) = (json.loads(line) for line in record.read_text().splitlines())
+    # One uv run installs the lock and seeds the venv with the pip `python3 -m venv` would
+    # (the OS's own wheel, by its hash); a seed the lock pins (setuptools) comes from the lock.
     seeds = install_env.seed_wheels()
     assert seeds
     assert Path(seeds[0]).name.startswith("pip-")
-    assert seed["argv"][-len(seeds) :] == seeds
-    assert {"--offline", "--no-index", "--no-deps"} <= set(seed["argv"])
+    assert seen["argv"][seen["argv"].index("-r") + 1] == str(lock)
+    pip = Path(seeds[0])
+    digest = hashlib.sha256(pip.read_bytes()).hexdigest()
+    assert seen["requirements"][1] == f"pip @ file://{pip} --hash=sha256:{digest}\n"
+    assert {"--require-hashes", "--no-deps"} <= set(seen["argv"])
     assert (venv / "bin" / "python").exists()
     assert seen["ca"] == CA.decode()  # the CA bundle was there while uv ran ...
     assert seen["env"]["UV_INDEX_URL"] == inputs.index_url
@@ -526,6 +536,127 @@ def test_the_installer_fetches_installs_and_leaves_nothing_behind(
     if code:
         assert "uv could not install" in result.stderr
         assert "pw-1" not in result.stderr
+
+
+def make_wheel(folder: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel: one module, its METADATA and WHEEL, and their RECORD."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [f"{path},sha256={record_digest(data)},{len(data)}\n" for path, data in files.items()]
+    files[f"{dist}/RECORD"] = "".join([*record, f"{dist}/RECORD,,\n"]).encode()
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
+
+
+def record_digest(data: bytes) -> str:
+    """A RECORD line's digest: urlsafe base64 of the sha256, unpadded."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def run_installer(base: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, install_env.__file__, *args],
+        env={**os.environ, "ENVBUILD_SERVE": base}, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+
+
+def installed(venv: Path) -> set[str]:
+    """The distributions in a venv, as name==version."""
+    (site,) = venv.glob("lib/python3*/site-packages")
+    return {
+        p.name.removesuffix(".dist-info").replace("-", "==", 1) for p in site.glob("*.dist-info")
+    }
+
+
+def test_the_installer_puts_the_cuda_libraries_in_a_step_of_their_own_with_real_uv(
+    tmp_path: Path,
+) -> None:
+    """The --only step installs exactly the lock's packages of that name (hashes required),
+    making the venv; the step after installs the whole lock and the venv's own pip beside it:
+    uv takes what the first step installed for installed. Offline, from the served wheels."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pins = {"nvidia_fake_cu12": "12.1", "nvidia-other-cu12": "9.1", "plainpkg": "2.0"}
+    made = [make_wheel(wheels, name.replace("-", "_"), version) for name, version in pins.items()]
+    lock = tmp_path / "envbuild.lock"
+    lock.write_text("# envbuild lock\n" + "".join(
+        f"{name}=={version} \\\n    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n"
+        "    # via torch\n"
+        for (name, version), wheel in zip(pins.items(), made, strict=True)
+    ))  # fmt: skip
+    served = ServedInputs(ca_bundle=None, wheels=tuple(made), index_url=None, extra_index_urls=(),
+                          offline=True)  # fmt: skip
+    venv = tmp_path / "venv"
+    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
+        first = run_installer(base, "--only", "nvidia-*", str(venv), str(lock))
+        assert first.returncode == 0, first.stderr
+        assert installed(venv) == {"nvidia_fake_cu12==12.1", "nvidia_other_cu12==9.1"}
+        whole = run_installer(base, str(venv), str(lock))
+        assert whole.returncode == 0, whole.stderr
+        nothing = run_installer(base, "--only", "nothing-*", str(venv), str(lock))
+    seeds = {Path(wheel).name.split("-")[0] for wheel in install_env.seed_wheels()}
+    assert {entry.split("==")[0] for entry in installed(venv)} == {
+        "nvidia_fake_cu12", "nvidia_other_cu12", "plainpkg", *seeds
+    }  # fmt: skip
+    assert " + plainpkg==2.0" in whole.stderr
+    assert " + nvidia" not in whole.stderr  # installed by the first step, taken as they are
+    assert list(venv.rglob("plainpkg/__pycache__/*.pyc"))  # compiled in the build, not at import
+    assert nothing.returncode == 1
+    assert nothing.stderr.strip().splitlines()[-1] == (
+        f"envbuild install: {lock} pins no package named nothing-*; nothing to install in this step"
+    )
+
+
+def lock_block(name: str, version: str, *, hashes: int, via: str, extras: str = "") -> str:
+    """One pin of a `uv pip compile --generate-hashes` lock: its hash lines, a `# via` note."""
+    lines = [f"{name}{extras}=={version}"]
+    lines += [
+        f"--hash=sha256:{hashlib.sha256(f'{name}{i}'.encode()).hexdigest()}" for i in range(hashes)
+    ]
+    return " \\\n    ".join(lines) + f"\n    # via {via}\n"
+
+
+SPELLINGS = [
+    "nvidia-cublas-cu12",
+    "nvidia_cudnn_cu12",
+    "NVIDIA.Nccl-CU12",
+    "Nvidia-cuda-nvrtc-cu13",
+]
+OTHERS = ["torch", "triton", "nvidiafake", "jax-cuda12-plugin", "my-nvidia-tools"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_an_only_step_takes_exactly_the_pins_of_that_name_with_their_hashes(
+    tmp_path: Path, seed: int
+) -> None:
+    """Generated locks: any spelling of an nvidia-* name, one or several hash lines, extras,
+    `# via nvidia-...` notes under other pins, other names that merely contain "nvidia"."""
+    chooser = random.Random(seed)
+    names = chooser.sample(SPELLINGS, chooser.randint(1, len(SPELLINGS)))
+    names += chooser.sample(OTHERS, chooser.randint(0, len(OTHERS)))
+    chooser.shuffle(names)
+    blocks = {
+        name: lock_block(
+            name, f"{chooser.randint(1, 12)}.{chooser.randint(0, 9)}", hashes=chooser.randint(1, 3),
+            via=chooser.choice(["torch", "nvidia-cudnn-cu12", "-r requirements.in"]),
+            extras=chooser.choice(["", "[cuda]"]) if name in OTHERS else "",
+        )
+        for name in names
+    }  # fmt: skip
+    lock = tmp_path / "envbuild.lock"
+    lock.write_text("# envbuild lock\n# inputs: sha256:00\n" + "".join(blocks.values()))
+    part = Path(install_env.lock_part(str(lock), "nvidia-*", str(tmp_path)))
+    expected = [block.split("    # via")[0] for name, block in blocks.items() if name in SPELLINGS]
+    assert part.read_text() == "".join(expected)
+    assert part.parent == tmp_path
 
 
 def test_the_installer_without_its_server_says_how_to_build(tmp_path: Path) -> None:
