@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import hashlib
 import os
 import re
@@ -39,6 +40,7 @@ from envbuild.core.models import (
 from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.core.resources import templates_dir
 from envbuild.core.versions import cuda_tag
+from envbuild.lock.lockfile import pins
 from envbuild.lock.wheelhouse import framework_index as framework_from
 from envbuild.lock.wheelhouse import has_framework_wheel, wheelhouse_files
 
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     pass
 
 LOCK_NAME = "envbuild.lock"  # in the context; the image keeps it at /opt/venv/envbuild.lock
+# The CUDA libraries as wheels (torch's, JAX's and TensorFlow's nvidia-*-cu12 and -cu13): when a
+# lock pins them, they are installed in a layer of their own (templates/partials/install.j2).
+CUDA_LIBRARIES = "nvidia-*"
 INSTALLER_NAME = "install_env.py"
 INSTALLER = Path(__file__).resolve().parents[1] / "payload" / INSTALLER_NAME
 LOCK_MAX_BYTES = 16 * 1024 * 1024
@@ -223,6 +228,7 @@ def render_entry(
         # torch's DataLoader workers hand batches over through /dev/shm.
         "run_shm_size": labels.TORCH_SHM_SIZE if entry.framework == "torch" else "",
         "user": _user_values(entry),
+        "cuda_libraries": CUDA_LIBRARIES if _pins_matching(lock, CUDA_LIBRARIES) else None,
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)
@@ -243,6 +249,11 @@ def render_entry(
         lock=lock,
         served=served,
     )
+
+
+def _pins_matching(lock: Lock, pattern: str) -> bool:
+    """Whether the lock pins a package whose canonical name matches `pattern` (fnmatch)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for name in pins(lock.text))
 
 
 def _user_values(entry: Entry) -> dict[str, object]:

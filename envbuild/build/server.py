@@ -15,8 +15,9 @@ host instead, by a small HTTP server that
   interrupted (the CLI's SIGTERM handler raises in the main thread; a process that exits
   closes the socket with it).
 
-The image's one install RUN (templates/Dockerfile.j2, envbuild/payload/install_env.py) receives
-the server's URL as the build argument ENVBUILD_SERVE. The classic builder records that URL in
+The image's install RUN (two when the CUDA libraries get a layer of their own:
+templates/partials/install.j2, envbuild/payload/install_env.py) receives the server's URL as
+the build argument ENVBUILD_SERVE. The classic builder records that URL in
 the image history; once the build is over it names a closed port and grants nothing.
 """
 

@@ -45,6 +45,10 @@ def lock_of(*pins: str) -> Lock:
 
 
 LOCK = lock_of("torch==2.13.0+cpu", "filelock==3.0.0")
+# A CUDA build's lock: the CUDA libraries as nvidia-* wheels beside the framework.
+CUDA_LOCK = lock_of(
+    "torch==2.4.1", "nvidia-cublas-cu12==12.1.3.1", "nvidia_cudnn_cu12==9.1.0.70", "filelock==3.0.0"
+)
 
 
 def entry(
@@ -74,6 +78,7 @@ CASES = {
     "jax-0.10.2-cuda12": ("0.10.2", "12", "plain", None),
     "jax-0.10.2-cuda13-mirror": ("0.10.2", "13", "mirror", None),
     "torch-2.13.0-cpu-root": ("2.13.0", "cpu", "root", None),
+    "torch-2.4.1-cu121-cuda-libraries": ("2.4.1", "12.1", "cuda-libraries", None),
 }
 
 
@@ -104,7 +109,8 @@ def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> 
     chosen = entry(knowledge, version, cuda, framework=framework)
     if kind == "root":  # a matrix's `user: root`
         chosen = dataclasses.replace(chosen, user="root")
-    context = render_entry(chosen, options_for(kind, tmp_path), probe, LOCK)
+    lock = CUDA_LOCK if kind == "cuda-libraries" else LOCK
+    context = render_entry(chosen, options_for(kind, tmp_path), probe, lock)
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
         golden.write_text(context.dockerfile)
@@ -165,11 +171,61 @@ def test_one_stage_installs_the_lock_and_keeps_it(knowledge: Knowledge, tmp_path
     assert [line for line in dockerfile.splitlines() if line.startswith("ARG")] == [
         "ARG ENVBUILD_SERVE"
     ]
-    assert "COPY envbuild.lock /opt/venv/envbuild.lock" in dockerfile
-    run = [line for line in dockerfile.splitlines() if "install_env.py /opt/venv" in line]
-    assert run == ["RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \\"]
+    steps = instructions(dockerfile)
+    assert "COPY install_env.py envbuild.lock /tmp/envbuild/" in steps
+    (run,) = [step for step in steps if "install_env.py" in step and step.startswith("RUN")]
+    assert run.endswith(
+        " && python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock"
+        " && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock && rm -rf /tmp/envbuild"
+    )
     assert f'org.envbuild.lock-digest="{LOCK.digest}"' in dockerfile
-    assert "apt-get install -y --no-install-recommends python3 python3-venv" in dockerfile
+    assert {"python3", "python3-venv"} <= apt_packages(dockerfile)
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["user", "root"])
+@pytest.mark.parametrize(
+    ("framework", "version", "cuda", "lock"),
+    [("torch", "2.13.0", "cpu", LOCK), ("torch", "2.4.1", "12.1", LOCK),
+     ("torch", "2.4.1", "12.1", CUDA_LOCK), ("jax", "0.10.2", "12", CUDA_LOCK),
+     ("tensorflow", "2.15.1", "12.2", CUDA_LOCK), ("tensorflow", "2.20.0", "cpu", LOCK)],
+    ids=["torch-cpu", "torch-cu121", "torch-cu121-nvidia", "jax-cuda12-nvidia", "tf-cu122-nvidia",
+         "tf-cpu"],
+)  # fmt: skip
+def test_the_image_stage_is_the_fewest_steps_with_the_cuda_libraries_a_layer_of_their_own(
+    knowledge: Knowledge, framework: str, version: str, cuda: str, lock: Lock, root: bool
+) -> None:
+    """Each step of the classic builder is a container made and committed; a layer's commit
+    writes it once more, so the CUDA libraries (nvidia-* wheels) get a RUN of their own, first.
+    The user is made before anything is downloaded: a base without useradd fails at once."""
+    chosen = entry(knowledge, version, cuda, framework=framework)
+    if root:
+        chosen = dataclasses.replace(chosen, user="root")
+    steps = instructions(render_entry(chosen, BuildOptions(), None, lock).dockerfile)
+    image = steps[steps.index("FROM runtime") + 1 :]
+    nvidia = lock is CUDA_LOCK
+    runs = ["RUN", "RUN"] if nvidia else ["RUN"]
+    user = ["USER"] if root else ["WORKDIR", "USER"]
+    assert [step.split()[0] for step in image] == [
+        "COPY",
+        "LABEL",
+        "ARG",
+        *runs,
+        "ENV",
+        *user,
+        "LABEL",
+    ]
+    installs = [step for step in image if step.startswith("RUN")]
+    tail = " && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock && rm -rf /tmp/envbuild"
+    whole = "python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock"
+    assert installs[-1].endswith(whole + tail)
+    if nvidia:
+        assert installs[0].endswith(
+            "python3 /tmp/envbuild/install_env.py --only 'nvidia-*' /opt/venv /tmp/envbuild/envbuild.lock"
+        )
+    assert ("useradd" in installs[0]) is not root
+    if not root:
+        assert installs[0].index("useradd") < installs[0].index("install_env.py")
+    assert all("useradd" not in step for step in image if step is not installs[0])
 
 
 def test_cuda_entries_carry_no_system_cuda(knowledge: Knowledge, tmp_path: Path) -> None:
@@ -389,13 +445,16 @@ def test_a_password_in_the_framework_index_is_never_shown() -> None:
 
 
 def instructions(dockerfile: str) -> list[str]:
-    """The Dockerfile's instructions, continuation lines and comments left out."""
+    """The Dockerfile's instructions, each with its continuation lines joined (blanks runs made
+    one space); comments left out."""
     found, continued = [], False
     for line in dockerfile.splitlines():
-        if not continued and line and not line.startswith("#"):
+        if continued:
+            found[-1] += " " + line
+        elif line and not line.startswith("#"):
             found.append(line)
         continued = line.endswith("\\")
-    return found
+    return [" ".join(step.replace("\\", " ").split()) for step in found]
 
 
 @pytest.mark.parametrize(

@@ -6,21 +6,12 @@ FROM python:3.11-slim-bookworm AS runtime
 FROM runtime
 # TensorFlow 2.15.1 with CUDA 12.2: the and-cuda extra pulls CUDA, cuDNN and
 # NCCL as nvidia-*-cu12 wheels, which TensorFlow finds inside the venv.
-COPY install_env.py /tmp/envbuild/install_env.py
-COPY envbuild.lock /opt/venv/envbuild.lock
+COPY install_env.py envbuild.lock /tmp/envbuild/
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
 # wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
 ARG ENVBUILD_SERVE
-RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \
- && rm -rf /tmp/envbuild
-ENV PATH="/opt/venv/bin:$PATH" \
-    VIRTUAL_ENV="/opt/venv"
-# CUDA 12.2, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
-# the image holds no system CUDA. These tell the NVIDIA container runtime what to expose.
-ENV NVIDIA_VISIBLE_DEVICES="all" \
-    NVIDIA_DRIVER_CAPABILITIES="compute,utility"
 # Runs as envbuild (uid and gid 1000), not root; /opt/venv stays root's and read-only.
 RUN if ! command -v useradd >/dev/null 2>&1; then \
       echo "envbuild: the image's user envbuild needs useradd and this base has none; use a base with it (Debian's passwd) or user: root" >&2; exit 1; \
@@ -29,8 +20,17 @@ RUN if ! command -v useradd >/dev/null 2>&1; then \
  && { getent passwd 1000 >/dev/null \
       || useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
- && chown -R 1000:1000 /home/envbuild
-ENV HOME="/home/envbuild" \
+ && chown -R 1000:1000 /home/envbuild \
+ && python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock \
+ && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
+ && rm -rf /tmp/envbuild
+# CUDA 12.2, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
+# the image holds no system CUDA. NVIDIA_* tell the NVIDIA container runtime what to expose.
+ENV PATH="/opt/venv/bin:$PATH" \
+    VIRTUAL_ENV="/opt/venv" \
+    NVIDIA_VISIBLE_DEVICES="all" \
+    NVIDIA_DRIVER_CAPABILITIES="compute,utility" \
+    HOME="/home/envbuild" \
     XDG_CACHE_HOME="/home/envbuild/.cache"
 WORKDIR /home/envbuild
 USER 1000:1000

@@ -16,20 +16,20 @@ RUN missing=""; \
     if ! apt-get update --error-on=any; then \
       echo "envbuild: torch.compile needs$missing in the image and apt cannot reach the OS archive (an --offline build?); use a base that has them" >&2; exit 1; \
     fi; \
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -oDpkg::Options::=--force-unsafe-io $missing \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 FROM runtime
 # The CPU build lives on PyTorch's own index.
-COPY install_env.py /tmp/envbuild/install_env.py
-COPY envbuild.lock /opt/venv/envbuild.lock
+COPY install_env.py envbuild.lock /tmp/envbuild/
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
 # wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
 ARG ENVBUILD_SERVE
-RUN python3 /tmp/envbuild/install_env.py /opt/venv /opt/venv/envbuild.lock \
+RUN python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock \
+ && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
  && rm -rf /tmp/envbuild
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv"
