@@ -7,15 +7,22 @@ Run on a host set up by scripts/host-setup.sh (engine, .venv, ./wheelhouse, a bo
 
 It builds real images (a few minutes cold; `--cuda` adds torch 2.4.1+cu121 from PyPI, about
 2.5 GB downloaded twice; `--repeat N` alternates the cold CPU builds N times and shows the
-median) and prints one table. The cold builds compare the same package set on both sides. Peak disk is sampled under Docker's data root
-while each cold build runs. Images it makes are labelled org.envbuild.benchmark and removed at
-the end; the envbuild images stay as the build cache.
+median) and prints one table. The cold builds compare the same package set on both sides: the
+hand-written Dockerfiles `+cc` install the compiler envbuild's torch images carry (g++ and
+Python's headers, with the apt line of templates/partials/python.j2); those without it are the
+older reference. Every build's output is stamped as it comes, so the table says where each
+cold build's seconds went (each Dockerfile step, the install step's own phases, the layer
+commit). Peak disk is sampled on Docker's data root while each cold build runs, from a floor
+settled after the previous build's images were removed. Images it makes are labelled
+org.envbuild.benchmark and removed at the end; the envbuild images stay as the build cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -24,27 +31,32 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ENVBUILD = [sys.executable, "-m", "envbuild"]
 sys.path.insert(0, str(REPO))
+from envbuild.core.places import log_dir  # noqa: E402
+
 LABEL = "org.envbuild.benchmark=1"
 CPU_MATRIX = REPO / "matrices" / "examples" / "cpu.yaml"
-TORCH = [
-    "--framework",
-    "torch",
-    "--framework-version",
-    "2.13.0",
-    "--cuda",
-    "cpu",
-    "--python",
-    "3.11",
-]
+DATA_ROOT = "/var/lib/docker"
+# Both sides build with the classic builder: envbuild drives the engine's API, which has no
+# BuildKit; a docker client that defaults to BuildKit would compare two builders.
+CLASSIC = {**os.environ, "DOCKER_BUILDKIT": "0"}
 
+# What a user writes by hand. The OS packages' RUN without the compiler is the older reference;
+# with it, the line is templates/partials/python.j2's (the same packages, the same clean-up).
+APT = {
+    False: "apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \\\n"
+    " && rm -rf /var/lib/apt/lists/*",
+    True: "apt-get update \\\n"
+    " && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 "
+    "python3-venv g++ libpython3-dev \\\n && apt-get clean \\\n && rm -rf /var/lib/apt/lists/*",
+}
 HAND_WRITTEN = """FROM {base}
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \\
- && rm -rf /var/lib/apt/lists/*
+RUN {apt}
 COPY ca.crt /tmp/ca.crt
 COPY wheelhouse/ /tmp/wheelhouse/
 RUN python3 -m venv /opt/venv && {install} && rm -rf /tmp/wheelhouse /tmp/ca.crt
@@ -62,13 +74,82 @@ UV = (
     "&& SSL_CERT_FILE=/tmp/ca.crt /opt/venv/bin/uv pip install --no-cache --python /opt/venv/bin/python "
     "--find-links /tmp/wheelhouse torch==2.13.0+cpu && /opt/venv/bin/pip uninstall -y uv"
 )
+# The same with bytecode compiled, as envbuild's and pip's installs do: the same image's bytes.
+UV_PYC = UV.replace("uv pip install --no-cache", "uv pip install --no-cache --compile-bytecode")
+
+
+@dataclass(frozen=True)
+class Hand:
+    """One hand-written Dockerfile: its name in the table, its install command, its compiler."""
+
+    name: str
+    install: str
+    compiler: bool
+
+
+HANDS_CPU = (
+    Hand(name="uv+cc", install=UV, compiler=True),
+    Hand(name="uv+cc+pyc", install=UV_PYC, compiler=True),
+    Hand(name="pip+cc", install=PIP, compiler=True),
+    Hand(name="uv", install=UV, compiler=False),
+    Hand(name="pip", install=PIP, compiler=False),
+)
+HANDS_CUDA = (
+    Hand(name="pip+cc", install=PIP_CUDA, compiler=True),
+    Hand(name="pip", install=PIP_CUDA, compiler=False),
+)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One cold build: its seconds, peak extra disk, image size and stamped output."""
+
+    seconds: float
+    disk: int
+    size: int
+    lines: tuple[tuple[float, str], ...]
 
 
 def run(command: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=CLASSIC)
     if check and result.returncode != 0:
         sys.exit(f"benchmark: {' '.join(command[:6])} ... failed:\n{result.stderr[-2000:]}")
     return result
+
+
+def run_stamped(command: list[str], into: list[tuple[float, str]], started: float) -> None:
+    """Run `command`, each line of its output kept with the seconds since `started`."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=CLASSIC
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            into.append((time.perf_counter() - started, line.rstrip("\n")))
+    if process.returncode != 0:
+        tail = "\n".join(line for _, line in into[-30:])
+        sys.exit(f"benchmark: {' '.join(command[:6])} ... failed:\n{tail}")
+
+
+def follow(
+    path: Path, into: list[tuple[float, str]], started: float, done: threading.Event
+) -> None:
+    """Stamp the lines written to `path` (envbuild's build log, line-buffered) until `done`."""
+    while not path.exists() and not done.wait(0.02):
+        pass
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        pending = ""
+        while True:
+            chunk = handle.read()
+            if chunk:
+                now = time.perf_counter() - started
+                *complete, pending = (pending + chunk).split("\n")
+                into.extend((now, line) for line in complete)
+            elif done.is_set():
+                break
+            else:
+                time.sleep(0.02)
 
 
 def timed(action: Callable[[], object], repeat: int = 1) -> float:
@@ -84,18 +165,29 @@ def image_size(ref: str) -> int:
     return int(run(["docker", "image", "inspect", ref, "--format", "{{.Size}}"]).stdout.strip())
 
 
-DATA_ROOT = "/var/lib/docker"
+def settle() -> None:
+    """Wait until the data root's usage holds still (a removed image's blocks are freed while
+    the next build would already be measured), so that a peak is counted from a steady floor."""
+    os.sync()
+    last = shutil.disk_usage(DATA_ROOT).used
+    for _ in range(100):
+        time.sleep(0.3)
+        now = shutil.disk_usage(DATA_ROOT).used
+        if abs(now - last) < 16 * 2**20:
+            return
+        last = now
 
 
 def with_peak_disk(action: Callable[[], object]) -> tuple[float, int]:
     """Run `action`; its seconds and the peak of extra bytes used on Docker's data root's file
-    system while it ran (sampled every 0.2 s)."""
+    system while it ran (sampled every 0.1 s)."""
+    settle()
     start_used = shutil.disk_usage(DATA_ROOT).used
     peak = [start_used]
     done = threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.2):
+        while not done.wait(0.1):
             peak[0] = max(peak[0], shutil.disk_usage(DATA_ROOT).used)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -110,15 +202,53 @@ def with_peak_disk(action: Callable[[], object]) -> tuple[float, int]:
     return seconds, max(peak[0], shutil.disk_usage(DATA_ROOT).used) - start_used
 
 
-def hand_written(work: Path, base: str, ca_bundle: str, install: str, wheels: Path | None) -> Path:
+def envbuild_build(command: list[str], entry_id: str, ref: str) -> Build:
+    """A cold envbuild build of one entry, its build log stamped as it is written."""
+    forget(ref)
+    log = log_dir() / f"{entry_id}.log"
+    log.unlink(missing_ok=True)
+    lines: list[tuple[float, str]] = []
+    done = threading.Event()
+    started = [0.0]
+
+    def build() -> None:
+        started[0] = time.perf_counter()
+        tail = threading.Thread(target=follow, args=(log, lines, started[0], done), daemon=True)
+        tail.start()
+        try:
+            run([*command, "--no-cache"])
+        finally:
+            done.set()
+            tail.join()
+
+    seconds, disk = with_peak_disk(build)
+    return Build(seconds=seconds, disk=disk, size=image_size(ref), lines=tuple(lines))
+
+
+def hand_build(work: Path, base: str, ca_bundle: str, hand: Hand, wheels: Path | None) -> Build:
+    """A cold `docker build` of a hand-written Dockerfile, its output stamped; the image removed."""
+    context = hand_written(work, base, ca_bundle, hand, wheels)
+    tag = f"envbuild-bench/hand-{hand.name.replace('+', '-')}:1"
+    forget(tag)
+    lines: list[tuple[float, str]] = []
+    command = ["docker", "build", "--no-cache", "-t", tag, str(context)]
+    seconds, disk = with_peak_disk(lambda: run_stamped(command, lines, time.perf_counter()))
+    size = image_size(tag)
+    forget(tag)
+    return Build(seconds=seconds, disk=disk, size=size, lines=tuple(lines))
+
+
+def hand_written(work: Path, base: str, ca_bundle: str, hand: Hand, wheels: Path | None) -> Path:
     """A context for the plain Dockerfile a user would write (CA bundle and wheels copied in)."""
-    hand = work / f"hand-{abs(hash(install)) % 10_000}"
-    (hand / "wheelhouse").mkdir(parents=True, exist_ok=True)
-    shutil.copy(ca_bundle, hand / "ca.crt")
-    for wheel in wheels.iterdir() if wheels else ():
-        shutil.copy(wheel, hand / "wheelhouse" / wheel.name)
-    (hand / "Dockerfile").write_text(HAND_WRITTEN.format(base=base, install=install))
-    return hand
+    context = work / f"hand-{hand.name.replace('+', '-')}-{abs(hash(hand.install)) % 10_000}"
+    if not context.exists():
+        (context / "wheelhouse").mkdir(parents=True)
+        shutil.copy(ca_bundle, context / "ca.crt")
+        for wheel in wheels.iterdir() if wheels else ():
+            shutil.copy(wheel, context / "wheelhouse" / wheel.name)
+    dockerfile = HAND_WRITTEN.format(base=base, apt=APT[hand.compiler], install=hand.install)
+    (context / "Dockerfile").write_text(dockerfile)
+    return context
 
 
 def forget(ref: str) -> None:
@@ -127,13 +257,101 @@ def forget(ref: str) -> None:
     run(["docker", "image", "prune", "-f"], check=False)
 
 
-def median_of(runs: list[tuple[float, int, int]]) -> tuple[float, int, int]:
-    """The run of median seconds (its disk and size with it)."""
-    return sorted(runs)[len(runs) // 2]
+_STEP = re.compile(r"^Step \d+/\d+ : (\S+)(.*)")
+_UV_PHASE = re.compile(r"^(Prepared|Installed|Bytecode compiled) \d+ \w+ in ([\d.]+)(ms|s)\b")
+_INSTALL_PHASES = re.compile(r"envbuild install: (.*)$")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One Dockerfile step of a stamped classic-builder build."""
+
+    instruction: str
+    text: str
+    start: float
+    seconds: float
+    commit: float  # a RUN's last output line to the builder's next line (commit, clean-up)
+    output: tuple[str, ...]
+
+
+def steps(lines: tuple[tuple[float, str], ...], end: float) -> list[Step]:
+    """The build's steps, each with its seconds (to the next step, or to the builder's
+    "Successfully built" line after the last)."""
+    found: list[Step] = []
+    starts = [i for i, (_, line) in enumerate(lines) if _STEP.match(line)]
+    for k, i in enumerate(starts):
+        j = starts[k + 1] if k + 1 < len(starts) else len(lines)
+        body = lines[i + 1 : j]
+        done = [t for t, s in body if s.startswith("Successfully built")]
+        stop = lines[j][0] if j < len(lines) else (done[0] if done else end)
+        match = _STEP.match(lines[i][1])
+        assert match is not None
+        output = [(t, s) for t, s in body if not _builder_line(s)]
+        after = [t for t, s in body if _builder_line(s) and output and t >= output[-1][0]]
+        commit = (min(after) if after else stop) - output[-1][0] if output else 0.0
+        found.append(Step(instruction=match.group(1).upper(), text=match.group(2).strip(),
+                          start=lines[i][0], seconds=stop - lines[i][0], commit=commit,
+                          output=tuple(s for _, s in output)))  # fmt: skip
+    return found
+
+
+def _builder_line(line: str) -> bool:
+    return line.startswith((" ---> ", "Removing intermediate", "Successfully ", "Sending build"))
+
+
+def where_it_went(build: Build) -> str:
+    """One line: the OS packages' RUN, each install RUN (its phases, its commit), the rest."""
+    found = steps(build.lines, build.seconds)
+    if not found:
+        return "no build output was seen"
+    runs = [step for step in found if step.instruction == "RUN"]
+    apt = next((step for step in runs if "apt-get" in step.text), None)
+    installs = [step for step in runs if step is not apt]
+    parts = []
+    if apt is not None:
+        parts.append(f"OS packages {apt.seconds:.1f} s (commit {apt.commit:.1f})")
+    for step in installs:
+        only = " (CUDA libraries)" if "--only" in step.text else ""
+        parts.append(
+            f"install{only} {step.seconds:.1f} s ({_phases(step)}commit {step.commit:.1f})"
+        )
+    rest = [step for step in found if step not in runs]
+    parts.append(f"{len(rest)} other steps {sum(step.seconds for step in rest):.1f} s")
+    last = found[-1].start + found[-1].seconds
+    parts.append(f"before the first step {found[0].start:.1f} s, after the last "
+                 f"{build.seconds - last:.1f} s")  # fmt: skip
+    return "; ".join(parts)
+
+
+def _phases(step: Step) -> str:
+    """What the install step printed of its own phases: envbuild's and uv's summaries."""
+    said = []
+    for line in step.output:
+        clean = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line).strip()
+        ours = _INSTALL_PHASES.search(clean)
+        if ours:
+            said.append(ours.group(1).replace(" install ", " uv "))
+            continue
+        match = _UV_PHASE.match(clean)
+        if match:
+            value = float(match.group(2)) / (1000 if match.group(3) == "ms" else 1)
+            name = {"Prepared": "download+unpack", "Installed": "link",
+                    "Bytecode compiled": "bytecode"}[match.group(1)]  # fmt: skip
+            said.append(f"{name} {value:.1f}")
+    return ", ".join(said) + ": " if said else ""
+
+
+def median_of(runs: list[Build]) -> Build:
+    """The run of median seconds (its disk, size and output with it)."""
+    return sorted(runs, key=lambda build: build.seconds)[len(runs) // 2]
 
 
 def gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB"
+
+
+def verdict(holds: bool) -> str:
+    return "met" if holds else "**missed**"
 
 
 def big_matrix(path: Path) -> int:
@@ -176,6 +394,134 @@ class Rows(list[tuple[str, str, str]]):
         print(" | ".join(row), file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What every section of the run shares."""
+
+    work: Path
+    wheels: Path  # the torch CPU wheel only: its dependencies come from PyPI
+    fetch: list[str]  # --base-image, --ca-bundle
+    base: str
+    ca_bundle: str
+    repeat: int
+
+
+CPU_ID, CPU_REF = "torch2.13.0-cpu-py3.11-bookworm", "envbuild/torch:2.13.0-cpu-py3.11-bookworm"
+CU_ID, CU_REF = "torch2.4.1-cu121-py3.11-bookworm", "envbuild/torch:2.4.1-cu121-py3.11-bookworm"
+
+
+def cold_cpu(setup: Setup, rows: Rows) -> list[str]:
+    """1. Cold torch CPU builds, interleaved `repeat` times: envbuild and every hand-written
+    Dockerfile, the same packages on both sides (torch and its dependencies; envbuild's default
+    numpy left out by the matrix); the median of each. Returns envbuild's build command."""
+    matrix = setup.work / "torch-cpu.yaml"
+    matrix.write_text(SAME_AS_HAND.format(version="2.13.0", cuda="cpu"))
+    cpu = [*ENVBUILD, "build", "-m", str(matrix), *setup.fetch, "--wheelhouse", str(setup.wheels),
+           "--no-smoke"]  # fmt: skip
+    run(cpu)  # its lock resolved (about a second; measured below), built once
+    samples: dict[str, list[Build]] = {"envbuild": [], **{hand.name: [] for hand in HANDS_CPU}}
+    for _ in range(setup.repeat):  # interleaved, so that a slow minute of the network or the
+        # disk falls on every side; --no-cache, else identical layers are reused
+        samples["envbuild"].append(envbuild_build(cpu, CPU_ID, CPU_REF))
+        for hand in HANDS_CPU:
+            samples[hand.name].append(
+                hand_build(setup.work, setup.base, setup.ca_bundle, hand, setup.wheels)
+            )
+    median = {name: median_of(runs) for name, runs in samples.items()}
+    ours, uv_cc, pip_cc = median["envbuild"], median["uv+cc"], median["pip+cc"]
+    each = "; runs: " + ", ".join(
+        f"{name} " + "/".join(f"{b.seconds:.1f}" for b in runs) for name, runs in samples.items()
+    )
+    hands = ", ".join(f"{hand.name} {median[hand.name].seconds:.1f} s" for hand in HANDS_CPU)
+    rows.append(("torch CPU cold build (--no-cache)",
+                 f"{ours.seconds:.1f} s ({ours.seconds / uv_cc.seconds:.2f}x uv+cc)",
+                 f"hand-written {hands}; target <= uv+cc: {verdict(ours.seconds <= uv_cc.seconds)}"
+                 f"{each if setup.repeat > 1 else ''}"))  # fmt: skip
+    sizes = ", ".join(f"{hand.name} {gb(median[hand.name].size)}" for hand in HANDS_CPU)
+    rows.append(("torch CPU image size", gb(ours.size), f"hand-written {sizes}"))
+    disks = ", ".join(
+        f"{hand.name} {gb(median[hand.name].disk)} ({median[hand.name].disk / median[hand.name].size:.2f}x)"
+        for hand in HANDS_CPU
+    )
+    fair = min(uv_cc.disk, pip_cc.disk)
+    rows.append(("torch CPU peak extra disk", f"{gb(ours.disk)} ({ours.disk / ours.size:.2f}x image)",
+                 f"hand-written {disks}; target <= the +cc builds': {verdict(ours.disk <= fair)}"))  # fmt: skip
+    rows.append(("torch CPU: where the seconds went", "envbuild: " + where_it_went(ours),
+                 "uv+cc: " + where_it_went(uv_cc)))  # fmt: skip
+    return cpu
+
+
+def cold_cuda(setup: Setup, rows: Rows) -> None:
+    """2. torch 2.4.1+cu121 from PyPI (its plain wheel is the cu121 build), each side cold once,
+    the same packages on both sides (no numpy)."""
+    matrix = setup.work / "torch-cu121.yaml"
+    matrix.write_text(SAME_AS_HAND.format(version="2.4.1", cuda="12.1"))
+    cuda = [*ENVBUILD, "build", "-m", str(matrix), *setup.fetch, "--no-smoke"]
+    run([*ENVBUILD, "lock", "-m", str(matrix)])  # resolved before the clock
+    ours = envbuild_build(cuda, CU_ID, CU_REF)
+    forget(CU_REF)  # 5 GB: not kept for the rest
+    hand = {
+        h.name: hand_build(setup.work, setup.base, setup.ca_bundle, h, None) for h in HANDS_CUDA
+    }
+    pip_cc, pip = hand["pip+cc"], hand["pip"]
+    ratio = ours.seconds / pip_cc.seconds
+    rows.append(("torch 2.4.1+cu121 cold build", f"{ours.seconds:.1f} s ({ratio:.2f}x pip+cc)",
+                 f"hand-written pip+cc {pip_cc.seconds:.1f} s, pip {pip.seconds:.1f} s "
+                 f"({ours.seconds / pip.seconds:.2f}x); target <= 0.7x pip+cc: {verdict(ratio <= 0.7)}"))  # fmt: skip
+    rows.append(("torch 2.4.1+cu121 image size", gb(ours.size),
+                 f"hand-written pip+cc {gb(pip_cc.size)}, pip {gb(pip.size)}"))  # fmt: skip
+    rows.append(("torch 2.4.1+cu121 peak extra disk",
+                 f"{gb(ours.disk)} ({ours.disk / ours.size:.2f}x image)",
+                 f"hand-written pip+cc {gb(pip_cc.disk)} ({pip_cc.disk / pip_cc.size:.2f}x), "
+                 f"pip {gb(pip.disk)} ({pip.disk / pip.size:.2f}x); target <= pip+cc: "
+                 f"{verdict(ours.disk <= pip_cc.disk)}"))  # fmt: skip
+    rows.append(("torch 2.4.1+cu121: where the seconds went", "envbuild: " + where_it_went(ours),
+                 "pip+cc: " + where_it_went(pip_cc)))  # fmt: skip
+
+
+def warm_figures(setup: Setup, rows: Rows, cpu: list[str]) -> None:
+    """3.-7. The smoke test, a no-op rebuild, a warm lock, a big plan, the start-up."""
+    run(cpu)  # the CPU image again (numpy-free), for the smoke timing below
+    smoke = timed(lambda: run([*ENVBUILD, "smoke", CPU_REF]), repeat=3)
+    bare = timed(
+        lambda: run(["docker", "run", "--rm", CPU_REF, "python3", "-c", "import torch"]), repeat=3
+    )
+    rows.append(("smoke test wall time", f"envbuild smoke {smoke:.1f} s",
+                 f"docker run python -c 'import torch' {bare:.1f} s"))  # fmt: skip
+
+    # A no-op rebuild of an already built 3-entry matrix vs a loop of fully cached
+    # `docker build`s (the hand-written Dockerfile, once per entry).
+    cpu_matrix = setup.work / "cpu.yaml"  # a copy: its locks go beside it, not into the tree
+    shutil.copy(CPU_MATRIX, cpu_matrix)
+    matrix = ["-m", str(cpu_matrix), "--jobs", "2", *setup.fetch, "--wheelhouse", str(setup.wheels)]
+    run([*ENVBUILD, "build", *matrix])  # builds what is missing and vets it
+    noop = timed(lambda: run([*ENVBUILD, "build", *matrix]), repeat=3)
+    hand = hand_written(setup.work, setup.base, setup.ca_bundle, HANDS_CPU[-1], setup.wheels)
+    cached = timed(lambda: [run(["docker", "build", "-q", str(hand)]) for _ in range(3)], repeat=3)
+    help_time = timed(lambda: run([*ENVBUILD, "--help"]), repeat=5)
+    rows.append(("no-op rebuild, 3 entries", f"envbuild {noop:.2f} s",
+                 f"cached docker build loop {cached:.2f} s + start-up {help_time:.2f} s = {cached + help_time:.2f} s"))  # fmt: skip
+
+    # The lock of the default matrix (9 entries), warm (uv's cache filled by a first run).
+    default = setup.work / "default.yaml"
+    shutil.copy(REPO / "matrices" / "default.yaml", default)
+    lock = [*ENVBUILD, "lock", "-m", str(default), "--wheelhouse", str(setup.wheels),
+            "--ca-bundle", setup.ca_bundle]  # fmt: skip
+    first = run(lock, check=False)
+    warm = timed(lambda: run(lock, check=False), repeat=3)
+    failed = [line for line in first.stderr.splitlines() if "could not resolve" in line]
+    note = f"; {len(failed)} entries unresolved here: {failed[0][:120]}" if failed else ""
+    rows.append(
+        ("lock, default matrix (9 entries), warm", f"{warm:.2f} s", f"target <= 10 s{note}")
+    )
+
+    big = setup.work / "big.yaml"
+    combos = big_matrix(big)
+    plan = timed(lambda: run([*ENVBUILD, "plan", "-m", str(big), "--format", "json"]), repeat=3)
+    rows.append((f"plan, {combos} combinations", f"{plan:.2f} s", "target < 1 s"))
+    rows.append(("envbuild --help start-up", f"{help_time:.3f} s", "target < 0.3 s"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-image", default="envbuild/base:bookworm")
@@ -187,125 +533,19 @@ def main() -> None:
     )
     args = parser.parse_args()
     rows = Rows()
-
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-") as tmp:
         work = Path(tmp)
-        wheels = work / "wheelhouse"  # the torch wheel only: its dependencies come from PyPI
+        wheels = work / "wheelhouse"
         wheels.mkdir()
         for wheel in Path(args.wheelhouse).glob("torch-2.13.0+cpu-*.whl"):
             shutil.copy(wheel, wheels / wheel.name)
-        fetch = ["--base-image", args.base_image, "--ca-bundle", args.ca_bundle]
-        ours = "envbuild/torch:2.13.0-cpu-py3.11-bookworm"
-
-        # 1. cold build of the torch CPU image, with peak disk: envbuild vs hand-written pip, uv.
-        # The same packages on both sides: torch and its dependencies (numpy, which envbuild
-        # adds by default, left out by the matrix), so the figures compare the ways of building.
-        cpu_matrix_file = work / "torch-cpu.yaml"
-        cpu_matrix_file.write_text(SAME_AS_HAND.format(version="2.13.0", cuda="cpu"))
-        cpu = [*ENVBUILD, "build", "-m", str(cpu_matrix_file), *fetch, "--wheelhouse", str(wheels),
-               "--no-smoke"]  # fmt: skip
-        run(cpu)  # its lock resolved (about a second; measured below), built once
-        samples: dict[str, list[tuple[float, int, int]]] = {"envbuild": [], "pip": [], "uv": []}
-        for _ in range(args.repeat):  # interleaved, so that a slow minute of the network or
-            forget(ours)  # the disk falls on every side; else identical layers are reused
-            seconds, disk = with_peak_disk(lambda: run([*cpu, "--no-cache"]))
-            samples["envbuild"].append((seconds, disk, image_size(ours)))
-            for name, install in (("pip", PIP), ("uv", UV)):
-                hand = hand_written(work, args.base_image, args.ca_bundle, install, wheels)
-                tag = f"envbuild-bench/hand-{name}:1"
-                forget(tag)
-                seconds, disk = with_peak_disk(
-                    lambda tag=tag, hand=hand: run(
-                        ["docker", "build", "--no-cache", "-q", "-t", tag, str(hand)]
-                    )
-                )
-                samples[name].append((seconds, disk, image_size(tag)))
-        cold, cold_disk, size = median_of(samples["envbuild"])
-        pip_s, pip_disk, pip_size = median_of(samples["pip"])
-        uv_s, _, uv_size = median_of(samples["uv"])
-        each = "; runs: " + ", ".join(
-            f"{name} " + "/".join(f"{t:.1f}" for t, _, _ in runs) for name, runs in samples.items()
-        )
-        rows.append(("torch CPU cold build (--no-cache)", f"{cold:.1f} s ({cold / pip_s:.2f}x pip)",
-                     f"hand-written pip {pip_s:.1f} s, uv {uv_s:.1f} s; target <= 0.7x pip"
-                     f"{each if args.repeat > 1 else ''}"))  # fmt: skip
-        rows.append(("torch CPU image size", gb(size),
-                     f"hand-written pip {gb(pip_size)}, uv {gb(uv_size)}"))  # fmt: skip
-        rows.append(("torch CPU peak extra disk", f"{gb(cold_disk)} ({cold_disk / size:.2f}x image)",
-                     f"hand-written pip {gb(pip_disk)} ({pip_disk / pip_size:.2f}x image)"))  # fmt: skip
-
-        # 2. torch 2.4.1+cu121 from PyPI (its plain wheel is the cu121 build), both cold, the same
-        # packages on both sides (no numpy).
+        setup = Setup(work=work, wheels=wheels, base=args.base_image, ca_bundle=args.ca_bundle,
+                      fetch=["--base-image", args.base_image, "--ca-bundle", args.ca_bundle],
+                      repeat=args.repeat)  # fmt: skip
+        cpu = cold_cpu(setup, rows)
         if args.cuda:
-            cuda_matrix = work / "torch-cu121.yaml"
-            cuda_matrix.write_text(SAME_AS_HAND.format(version="2.4.1", cuda="12.1"))
-            cuda = [*ENVBUILD, "build", "-m", str(cuda_matrix), *fetch, "--no-smoke"]
-            run([*ENVBUILD, "lock", "-m", str(cuda_matrix)])  # resolved before the clock
-            cu_ref = "envbuild/torch:2.4.1-cu121-py3.11-bookworm"
-            forget(cu_ref)
-            cu_s, cu_disk = with_peak_disk(lambda: run([*cuda, "--no-cache"]))
-            cu_size = image_size(cu_ref)
-            forget(cu_ref)  # 5 GB: not kept for the rest
-            hand = hand_written(work, args.base_image, args.ca_bundle, PIP_CUDA, None)
-            tag = "envbuild-bench/hand-cu121:1"
-            hand_s, hand_disk = with_peak_disk(
-                lambda: run(["docker", "build", "--no-cache", "-q", "-t", tag, str(hand)])
-            )
-            hand_size = image_size(tag)
-            forget(tag)
-            rows.append(("torch 2.4.1+cu121 cold build", f"{cu_s:.1f} s ({cu_s / hand_s:.2f}x pip)",
-                         f"hand-written pip {hand_s:.1f} s; target <= 0.7x"))  # fmt: skip
-            rows.append(
-                ("torch 2.4.1+cu121 image size", gb(cu_size), f"hand-written pip {gb(hand_size)}")
-            )
-            rows.append(("torch 2.4.1+cu121 peak extra disk",
-                         f"{gb(cu_disk)} ({cu_disk / cu_size:.2f}x image)",
-                         f"hand-written pip {gb(hand_disk)} ({hand_disk / hand_size:.2f}x image)"))  # fmt: skip
-        run(cpu)  # the CPU image again (numpy-free), for the smoke timing below
-
-        # 3. smoke test vs a bare import.
-        smoke = timed(lambda: run([*ENVBUILD, "smoke", ours]), repeat=3)
-        bare = timed(
-            lambda: run(["docker", "run", "--rm", ours, "python3", "-c", "import torch"]), repeat=3
-        )
-        rows.append(("smoke test wall time", f"envbuild smoke {smoke:.1f} s",
-                     f"docker run python -c 'import torch' {bare:.1f} s"))  # fmt: skip
-
-        # 4. a no-op rebuild of an already built 3-entry matrix vs a loop of fully cached
-        # `docker build`s (the hand-written Dockerfile, once per entry).
-        cpu_matrix = work / "cpu.yaml"  # a copy: its locks go beside it, not into the tree
-        shutil.copy(CPU_MATRIX, cpu_matrix)
-        matrix = ["-m", str(cpu_matrix), "--jobs", "2", *fetch, "--wheelhouse", str(wheels)]
-        run([*ENVBUILD, "build", *matrix])  # builds what is missing and vets it
-        noop = timed(lambda: run([*ENVBUILD, "build", *matrix]), repeat=3)
-        hand = hand_written(work, args.base_image, args.ca_bundle, PIP, wheels)
-        cached = timed(
-            lambda: [run(["docker", "build", "-q", str(hand)]) for _ in range(3)], repeat=3
-        )
-        help_time = timed(lambda: run([*ENVBUILD, "--help"]), repeat=5)
-        rows.append(("no-op rebuild, 3 entries", f"envbuild {noop:.2f} s",
-                     f"cached docker build loop {cached:.2f} s + start-up {help_time:.2f} s = {cached + help_time:.2f} s"))  # fmt: skip
-
-        # 5. lock of the default matrix (9 entries), warm (uv's cache filled by a first run).
-        default = work / "default.yaml"
-        shutil.copy(REPO / "matrices" / "default.yaml", default)
-        lock = [*ENVBUILD, "lock", "-m", str(default), "--wheelhouse", str(wheels),
-                "--ca-bundle", args.ca_bundle]  # fmt: skip
-        first = run(lock, check=False)
-        warm = timed(lambda: run(lock, check=False), repeat=3)
-        failed = [line for line in first.stderr.splitlines() if "could not resolve" in line]
-        note = f"; {len(failed)} entries unresolved here: {failed[0][:120]}" if failed else ""
-        rows.append(
-            ("lock, default matrix (9 entries), warm", f"{warm:.2f} s", f"target <= 10 s{note}")
-        )
-
-        # 6. plan of a 10,000+ combination matrix; 7. start-up.
-        big = work / "big.yaml"
-        combos = big_matrix(big)
-        plan = timed(lambda: run([*ENVBUILD, "plan", "-m", str(big), "--format", "json"]), repeat=3)
-        rows.append((f"plan, {combos} combinations", f"{plan:.2f} s", "target < 1 s"))
-        rows.append(("envbuild --help start-up", f"{help_time:.3f} s", "target < 0.3 s"))
-
+            cold_cuda(setup, rows)
+        warm_figures(setup, rows, cpu)
     for image in run(["docker", "images", "-q", "--filter", f"label={LABEL}"]).stdout.split():
         run(["docker", "rmi", "-f", image], check=False)
     width = max(len(r[0]) for r in rows)
