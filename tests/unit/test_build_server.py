@@ -7,6 +7,7 @@ on the one address it was given, and be gone when its block ends, however it end
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -311,12 +312,12 @@ def test_index_urls_travel_in_uv_environment_never_on_its_command_line() -> None
     )  # fmt: skip
     serve_url = "http://172.17.0.1:4000/prefix/"
     command = install_env.uv_command(
-        "/tmp/s/uv", config, serve_url, "/opt/venv", "/opt/venv/envbuild.lock"
+        "/tmp/s/uv", config, "/tmp/s/wheels", "/opt/venv", "/opt/venv/envbuild.lock"
     )
     assert command[:3] == ["/tmp/s/uv", "pip", "install"]
     assert {"--require-hashes", "--no-deps", "--no-cache"} <= set(command)
     assert command[-2:] == ["-r", "/opt/venv/envbuild.lock"]
-    assert command[command.index("--find-links") + 1] == serve_url + "wheels/"
+    assert command[command.index("--find-links") + 1] == "/tmp/s/wheels"  # fetched, unpacked there
     assert "--no-index" not in command
     assert not any("pw-" in part for part in command)
     base = {"PATH": "/usr/bin", "UV_INDEX_URL": "https://stale", "PIP_INDEX_URL": "https://stale",
@@ -331,7 +332,7 @@ def test_index_urls_travel_in_uv_environment_never_on_its_command_line() -> None
     offline = install_env.Config(
         index_url=None, extra_index_urls=(), find_links=True, offline=True, ca_bundle=False
     )
-    assert "--no-index" in install_env.uv_command("uv", offline, serve_url, "/v", "/l")
+    assert "--no-index" in install_env.uv_command("uv", offline, "/tmp/s/wheels", "/v", "/l")
     assert "UV_INDEX_URL" not in install_env.uv_environment(offline, {}, None)
 
 
@@ -485,8 +486,11 @@ FAKE_UV = """#!{python}
 import json, os, sys
 ca = os.environ.get("SSL_CERT_FILE")
 files = [sys.argv[i + 1] for i, arg in enumerate(sys.argv) if arg == "-r"]
+links = sys.argv[sys.argv.index("--find-links") + 1] if "--find-links" in sys.argv else None
 record = {{"argv": sys.argv[1:], "ca": open(ca).read() if ca else None,
           "requirements": [open(name).read() for name in files],
+          "wheels": {{n: open(os.path.join(links, n)).read() for n in os.listdir(links)}}
+                    if links else None,
           "env": {{k: v for k, v in os.environ.items() if k.startswith(("UV_", "SSL_"))}},
           "here": os.path.dirname(sys.argv[0])}}
 with open({record!r}, "a") as handle:
@@ -505,7 +509,10 @@ def test_the_installer_fetches_installs_and_leaves_nothing_behind(
     scratch_root = tmp_path / "scratch"
     scratch_root.mkdir()
     venv, lock = tmp_path / "venv", tmp_path / "envbuild.lock"
-    lock.write_text("torch==2.13.0 \\\n    --hash=sha256:00\nSetupTools==84.2.1\n")
+    lock.write_text("torch==2.13.0+CPU \\\n    --hash=sha256:00\nSetupTools==84.2.1\n")
+    other = tmp_path / "wheels" / "torch-2.12.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    other.write_bytes(b"another torch")  # in the wheelhouse, not in the lock: never fetched
+    inputs = dataclasses.replace(inputs, wheels=(*inputs.wheels, other))
     script = Path(install_env.__file__)
     with serve(LOOPBACK, build_files(inputs, fake_uv)) as base:
         result = subprocess.run(
@@ -529,7 +536,8 @@ def test_the_installer_fetches_installs_and_leaves_nothing_behind(
     assert (venv / "bin" / "python").exists()
     assert seen["ca"] == CA.decode()  # the CA bundle was there while uv ran ...
     assert seen["env"]["UV_INDEX_URL"] == inputs.index_url
-    assert seen["argv"][seen["argv"].index("--find-links") + 1] == base + "wheels/"
+    # The lock's wheels from the wheelhouse, fetched for uv to unpack from files.
+    assert seen["wheels"] == {WHEEL: "torch wheel bytes"}
     assert seen["argv"][seen["argv"].index("--python") + 1] == str(venv / "bin" / "python")
     assert list(scratch_root.iterdir()) == []  # ... and uv, the CA and the config are gone
     assert not Path(seen["here"]).exists()
