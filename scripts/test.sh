@@ -3,7 +3,8 @@
 # (unit, hostile) on every core, then the integration and end-to-end tiers against the real
 # engine: in two lanes (a module per lane at a time; they wait on the network and the disk as
 # much as on the CPU), then the tests marked `alone` (they kill the engine, or measure) by
-# themselves. Extra arguments go to every pytest run.
+# themselves; first the main tier, then the extended one (tests marked `extended`).
+# ENVBUILD_TEST_TIER=main|extended|all (default all). Extra arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/host-setup.sh
@@ -15,14 +16,34 @@ bootstrap=$!
 .venv/bin/mypy
 wait "$bootstrap"
 # A short --basetemp: messages shorten long paths, and xdist adds a folder per worker.
-.venv/bin/python -m pytest tests/unit tests/hostile -n 2 --basetemp=/tmp/envbuild-tests "$@"
-# The lanes and the run after them share what a session makes once (tests/support/docker_support.py).
+args=("$@")
+if [ "${ENVBUILD_TEST_TIER:-all}" != extended ]; then
+  .venv/bin/python -m pytest tests/unit tests/hostile -n 2 --basetemp=/tmp/envbuild-tests "$@"
+fi
+# The lanes and the runs after them share what a session makes once (tests/support/docker_support.py).
 shared=$(mktemp -d /tmp/envbuild-tests-shared.XXXXXX)
 trap 'rm -rf "$shared"' EXIT
 status=0
-ENVBUILD_TEST_SHARED=$shared ENVBUILD_TEST_KEEP_IMAGES=1 .venv/bin/python -m pytest \
-    tests/integration tests/e2e -n 2 --dist loadfile -m "not alone" "$@" || status=$?
-# Run even when a lane failed: it reports its own failures, and removes what the tests made.
-ENVBUILD_TEST_SHARED=$shared .venv/bin/python -m pytest tests/integration tests/e2e -m alone "$@" \
-    || status=$((status ? status : $?))
+# Two tiers of engine tests: main, then extended (fault injection, a corporate network, the
+# CUDA download, bench: tests marked `extended`), each in lanes, then its `alone` tests.
+# ENVBUILD_TEST_TIER=main or extended runs one of them; the default runs both, main first.
+tier="${ENVBUILD_TEST_TIER:-all}"
+case "$tier" in main|extended|all) ;; *) echo "ENVBUILD_TEST_TIER=$tier: use main, extended or all" >&2; exit 2;; esac
+engine_tier() {  # $1: the marker expression of the tier; $2: keep the images for a later tier
+  local selection=$1 keep=$2 code=0
+  ENVBUILD_TEST_SHARED=$shared ENVBUILD_TEST_KEEP_IMAGES=1 .venv/bin/python -m pytest \
+      tests/integration tests/e2e -n 2 --dist loadfile -m "($selection) and not alone" "${args[@]}" || code=$?
+  # Run even when a lane failed: it reports its own failures, and (last) removes what the tests made.
+  ENVBUILD_TEST_SHARED=$shared ENVBUILD_TEST_KEEP_IMAGES=$keep .venv/bin/python -m pytest \
+      tests/integration tests/e2e -m "($selection) and alone" "${args[@]}" || code=$((code ? code : $?))
+  return "$code"
+}
+if [ "$tier" != extended ]; then
+  engine_tier "not extended" "$([ "$tier" = all ] && echo 1)" || status=$?
+  echo "test.sh: main tier done after $SECONDS s (exit $status)" >&2
+fi
+if [ "$tier" != main ]; then
+  engine_tier "extended" "" || status=$((status ? status : $?))
+  echo "test.sh: extended tier done after $SECONDS s (exit $status)" >&2
+fi
 exit "$status"

@@ -14,7 +14,7 @@ from envbuild.bench.figures import pointer
 from tests.support.browser_support import open_report
 from tests.support.docker_support import CpuMatrix, envbuild
 
-pytestmark = [pytest.mark.e2e, pytest.mark.alone]
+pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.extended]
 
 # Short, so that CI stays short: every section still measures something (what did not fit is
 # listed as skipped); the default budget's figures are in the README.

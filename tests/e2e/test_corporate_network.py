@@ -33,7 +33,7 @@ from tests.support.corp_network import (
 from tests.support.docker_support import REPO, envbuild, needles_in_layers
 from tests.support.fault_support import run_containers
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
 ENTRY = "torch2.13.0-cpu-py3.11-bookworm"
 REPOSITORY = "envbuild-test/corp-{framework}"

@@ -24,7 +24,7 @@ from tests.support.fault_support import (
 )
 from tests.support.registry_server import RegistryServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
 INTERRUPTED_REPOSITORY = "envbuild-test/interrupted-{framework}"
 INTERRUPTED_IMAGE = "envbuild-test/interrupted-torch:2.13.0-cpu-py3.11-bookworm"

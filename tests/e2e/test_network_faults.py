@@ -31,7 +31,7 @@ from tests.support.fault_support import (
     wait_for,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
 REPOSITORY = "envbuild-test/index-cut-{framework}"
 IMAGE = "envbuild-test/index-cut-torch:2.13.0-cpu-py3.11-bookworm"

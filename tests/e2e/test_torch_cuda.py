@@ -12,7 +12,7 @@ import requests
 from tests.support.docker_support import TEST_INDEX, TEST_REPOSITORY, derive, envbuild, output_of
 from tests.support.registry_server import RegistryServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
 IMAGE = "envbuild-test/torch:2.4.1-cu121-py3.11-bookworm"
 
