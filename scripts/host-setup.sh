@@ -46,3 +46,7 @@ fi
 bash scripts/wheelhouse.sh
 # Bookworm's skopeo cannot verify cosign signatures; the signing tests use trixie's.
 bash scripts/skopeo-sigstore.sh >/dev/null
+# What the tests of other engines need (rootless Docker, Podman, docker-in-docker): one script each.
+for setup in scripts/engines/*-setup.sh; do
+  if [ -e "$setup" ]; then bash "$setup"; fi
+done
