@@ -13,12 +13,13 @@ from typing import Any
 
 from envbuild import __version__
 from envbuild.build.render import INSTALLER, INSTALLER_NAME, render_entry, write_context
-from envbuild.build.server import serve_build
+from envbuild.build.server import serve_build, write_mounted
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, BuildFailed
 from envbuild.core.interrupt import run_id, scratch_prefix
 from envbuild.core.labels import SERVE_ARG
 from envbuild.core.models import (
+    BUILDKIT,
     BaseProbe,
     BuildContext,
     BuildOptions,
@@ -164,6 +165,7 @@ def _build_facts(engine: Engine, context: BuildContext, started: datetime) -> di
         "started": started.isoformat(),
         "finished": datetime.now(UTC).isoformat(),
         "invocation": run_id(),
+        "builder": context.builder,
     }
 
 
@@ -197,8 +199,8 @@ def _build(
     no_cache: bool,
     proxy: ProxySettings | None,
 ) -> str:
-    """The engine's build of a context written to a scratch folder, its inputs served for the
-    build's duration; the image id."""
+    """The engine's build of a context written to a scratch folder, with its inputs as BuildKit
+    mounts or served for the build's duration (the classic builder); the image id."""
     labels = {
         **context.labels,
         label_keys.VERSION: __version__,
@@ -206,13 +208,22 @@ def _build(
     }
     network = not context.offline
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp:
-        write_context(context, Path(tmp))
+        folder = Path(tmp) / "context"
+        write_context(context, folder)
+        if context.builder == BUILDKIT:
+            secrets = write_mounted(context, folder, Path(tmp) / "secrets")
+            return engine.build(
+                folder, tag=context.entry.image, labels=labels, build_args=context.build_args,
+                on_line=on_line, network=network, no_cache=no_cache,
+                proxy=proxy if proxy is not None and not proxy.empty and network else None,
+                builder=BUILDKIT, secrets=secrets,
+            )  # fmt: skip
         # The server lives exactly as long as the build: its URL, kept in the image history by
         # the classic builder, names a closed port afterwards.
         gateway = engine.bridge_gateway(network=network)
         with serve_build(gateway, context.served) as url:
             return engine.build(
-                Path(tmp),
+                folder,
                 tag=context.entry.image,
                 labels=labels,
                 build_args={**context.build_args, SERVE_ARG: url},

@@ -23,6 +23,7 @@ from envbuild.core import labels
 from envbuild.core.errors import BadInput
 from envbuild.core.files import FileTooLarge, NotRegularFile, read_small_file
 from envbuild.core.models import (
+    BUILDKIT,
     CPU,
     IMAGE_HOME,
     IMAGE_UID,
@@ -43,6 +44,7 @@ from envbuild.core.versions import cuda_tag
 from envbuild.lock.lockfile import pins
 from envbuild.lock.wheelhouse import framework_index as framework_from
 from envbuild.lock.wheelhouse import has_framework_wheel, wheelhouse_files
+from envbuild.payload import install_env
 
 if TYPE_CHECKING:
     pass
@@ -56,6 +58,13 @@ INSTALLER = Path(__file__).resolve().parents[1] / "payload" / INSTALLER_NAME
 LOCK_MAX_BYTES = 16 * 1024 * 1024
 CA_MAX_BYTES = 10 * 1024 * 1024
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+# With BuildKit, what the install RUN mounts (install_env.mounted_inputs reads it under
+# BUILDKIT_ROOT): the secrets' ids, the context folder of uv and the wheelhouse, uv's cache.
+BUILDKIT_ROOT = "/run/envbuild"
+CONFIG_SECRET = "envbuild-config"
+CA_SECRET = "envbuild-ca"
+INPUTS_DIR = "envbuild-inputs"
+UV_CACHE = "envbuild-uv"
 # What may reach the Dockerfile inside quotes or after FROM/LABEL: no quote, backslash,
 # variable, newline or other control character.
 _TEMPLATE_SAFE = re.compile(r"[A-Za-z0-9 _.,:;/@=+()\[\]<>!~*-]*")
@@ -229,6 +238,7 @@ def render_entry(
         "run_shm_size": labels.TORCH_SHM_SIZE if entry.framework == "torch" else "",
         "user": _user_values(entry),
         "cuda_libraries": CUDA_LIBRARIES if _pins_matching(lock, CUDA_LIBRARIES) else None,
+        "buildkit": _buildkit_values() if options.builder == BUILDKIT else None,
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)
@@ -248,7 +258,21 @@ def render_entry(
         offline=options.offline,
         lock=lock,
         served=served,
+        builder=options.builder,
     )
+
+
+def _buildkit_values() -> dict[str, str]:
+    """What partials/install.j2 needs for BuildKit: the install RUN's mounts and their root."""
+    root = BUILDKIT_ROOT
+    secrets, inputs = f"{root}/{install_env.SECRETS_DIR}", f"{root}/{install_env.INPUTS_DIR}"
+    mounts = (
+        f"--mount=type=secret,id={CONFIG_SECRET},target={secrets}/{install_env.CONFIG_NAME}",
+        f"--mount=type=secret,id={CA_SECRET},target={secrets}/{install_env.CA_NAME}",
+        f"--mount=type=bind,source={INPUTS_DIR},target={inputs}",
+        f"--mount=type=cache,id={UV_CACHE},target={root}/{install_env.CACHE_DIR}",
+    )
+    return {"root": root, "mounts": " \\\n    ".join(mounts)}
 
 
 def _pins_matching(lock: Lock, pattern: str) -> bool:

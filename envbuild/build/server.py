@@ -19,6 +19,10 @@ The image's install RUN (two when the CUDA libraries get a layer of their own:
 templates/partials/install.j2, envbuild/payload/install_env.py) receives the server's URL as
 the build argument ENVBUILD_SERVE. The classic builder records that URL in
 the image history; once the build is over it names a closed port and grants nothing.
+
+BuildKit needs no server (`write_mounted`): config.json and the CA bundle become secret files
+the docker client sends through its session, uv and the wheelhouse a folder of the build context
+that the install RUN binds read-only; nothing depends on where the engine runs.
 """
 
 from __future__ import annotations
@@ -42,9 +46,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import BinaryIO
 
+from packaging.utils import canonicalize_name
+
+from envbuild.build.render import CA_SECRET, CONFIG_SECRET, INPUTS_DIR
 from envbuild.core.errors import BuildFailed
-from envbuild.core.models import ServedInputs
+from envbuild.core.models import BuildContext, ServedInputs
 from envbuild.core.names import shown
+from envbuild.lock.lockfile import pins
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,9 @@ WHEELS_NAME = "wheels/"
 MAX_CONNECTIONS = 16  # served at once; more wait in the listen backlog, then are dropped
 IDLE_SECONDS = 120.0  # a connection silent this long is closed
 _CHUNK = 1024 * 1024
+# BuildKit refuses a secret larger than this (its session's limit, 500 KB); a CA bundle above it
+# is bound from the context instead: certificates are public, only the index settings are secret.
+SECRET_MAX_BYTES = 500 * 1024
 
 
 def find_uv() -> Path:
@@ -264,3 +275,43 @@ def serve_build(address: str, served: ServedInputs) -> Iterator[str]:
     """Serve one build's inputs (`build_files`) on `address`; yield the URL for ENVBUILD_SERVE."""
     with serve(address, build_files(served, find_uv())) as url:
         yield url
+
+
+def write_mounted(context: BuildContext, folder: Path, secrets_dir: Path) -> dict[str, Path]:
+    """Lay out a BuildKit build's inputs: uv, the wheelhouse's wheels of the lock's packages
+    (hard links where the file system allows) and an oversized CA bundle in the context's
+    INPUTS_DIR; config.json and the CA bundle as files in `secrets_dir` (made 0700). Return the
+    secrets by id, for `docker build --secret`."""
+    served = context.served
+    inputs = folder / INPUTS_DIR
+    (inputs / WHEELS_NAME).mkdir(parents=True)
+    _place(find_uv(), inputs / UV_NAME)
+    wanted = pins(context.lock.text) if context.lock is not None else None
+    for wheel in served.wheels:
+        name = canonicalize_name(wheel.name.split("-", 1)[0])
+        if wanted is None or name in wanted or not wheel.name.endswith(".whl"):
+            _place(wheel, inputs / WHEELS_NAME / wheel.name)
+    secrets_dir.mkdir(mode=0o700)
+    secrets = {CONFIG_SECRET: secrets_dir / CONFIG_NAME}
+    _write_private(secrets[CONFIG_SECRET], config_document(served))
+    if served.ca_bundle is not None:
+        if served.ca_bundle.stat().st_size <= SECRET_MAX_BYTES:
+            secrets[CA_SECRET] = secrets_dir / CA_NAME
+            _write_private(secrets[CA_SECRET], served.ca_bundle.read_bytes())
+        else:
+            _place(served.ca_bundle, inputs / CA_NAME)
+    return secrets
+
+
+def _place(source: Path, target: Path) -> None:
+    """`source` at `target`: a hard link when the file system allows, else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)

@@ -6,6 +6,7 @@ Heavy modules (docker, jinja2, the knowledge base) are imported inside the comma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from envbuild.cli.lock import lock, locked_option, locks_for
 from envbuild.cli.maintenance import base, knowledge
 from envbuild.cli.options import (
     build_options_from,
+    builder_option,
     ca_bundle_option,
     entry_options,
     fleet_from,
@@ -118,6 +120,7 @@ def ci_matrix(**kwargs: Any) -> None:
     required=True,
     help="Folder to write one build context per entry into.",
 )
+@builder_option
 @reports_errors
 def render(output: Path, locked: bool, **kwargs: Any) -> None:
     """Write each entry's Dockerfile and build context for review (no Docker needed).
@@ -127,11 +130,16 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
     """
     from envbuild.build.render import render_entry, write_context
     from envbuild.core.errors import BadInput
+    from envbuild.core.models import AUTO, BUILDKIT, CLASSIC
     from envbuild.core.names import shown
     from envbuild.core.places import check_output_folder
+    from envbuild.engine.buildkit import find_client
 
     check_output_folder(output, "-o")  # before the locks, which may take the network
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
+    if options.builder == AUTO:  # no engine to ask: BuildKit where this host has a client for it
+        found = find_client()[0] is not None
+        options = dataclasses.replace(options, builder=BUILDKIT if found else CLASSIC)
     known, _, result = plan_from(kwargs, newest_only=False)
     locks = locks_for(result.entries, options, matrix_path, known, locked=locked)
     where = f"-o {shown(str(output))}"
@@ -185,6 +193,7 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
 )
 @sign_option
 @fleet_option
+@builder_option
 @reports_errors
 @proxy_option
 def build(

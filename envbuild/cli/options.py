@@ -353,7 +353,7 @@ def fleet_from(knowledge: Knowledge, driver: str | None, gpus: tuple[str, ...]) 
 def build_options_from(kwargs: dict[str, Any]) -> Any:
     """The fetch options, checked (each error names its option) and with links resolved."""
     from envbuild.build.render import check_options
-    from envbuild.core.models import BuildOptions, ProxySettings
+    from envbuild.core.models import CLASSIC, BuildOptions, ProxySettings
     from envbuild.core.redact import register_url
     from envbuild.net.proxy import selected
 
@@ -366,6 +366,7 @@ def build_options_from(kwargs: dict[str, Any]) -> Any:
         extra_index_urls=tuple(kwargs.pop("extra_index_url", ()) or ()),
         framework_index=kwargs.pop("framework_index", None),
         offline=kwargs.pop("offline", False),
+        builder=kwargs.pop("builder", None) or CLASSIC,
     )
     for url in (options.index_url, *options.extra_index_urls, options.framework_index):
         register_url(url)  # before any message could show it
@@ -407,6 +408,22 @@ def fetch_options(func: F) -> F:
     for option in options:
         func = option(func)
     return func
+
+
+def builder_option(func: F) -> F:
+    """`--builder auto|buildkit|classic` (or ENVBUILD_BUILDER); auto: BuildKit where it works."""
+    return click.option(
+        "--builder",
+        type=click.Choice(["auto", "buildkit", "classic"]),
+        default="auto",
+        envvar="ENVBUILD_BUILDER",
+        show_default=True,
+        help=(
+            "How images are built: buildkit (the docker client's BuildKit: secret mounts, a "
+            "kept package cache, any engine), classic (the engine's API, inputs served from "
+            "this host: a local engine), or auto (BuildKit where it works) [env: ENVBUILD_BUILDER]."
+        ),
+    )(func)
 
 
 def proxy_option(func: F) -> F:

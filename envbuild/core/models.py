@@ -18,6 +18,13 @@ HASH_LABEL = CONTENT_HASH  # inherited by images built FROM an envbuild image
 IMAGE_USER = "envbuild"
 ROOT_USER = "root"
 USER_CHOICES = (IMAGE_USER, ROOT_USER)
+# The builders an image is built with (`--builder`): Docker's BuildKit, through the docker client
+# (secrets as secret mounts, uv's cache kept), or the classic builder, through the engine's API
+# (its inputs served from this host for the build's duration); AUTO: BuildKit where it works.
+BUILDKIT = "buildkit"
+CLASSIC = "classic"
+AUTO = "auto"
+BUILDER_CHOICES = (AUTO, BUILDKIT, CLASSIC)
 # A fixed uid and gid, named in the Dockerfile's USER so that runAsNonRoot can verify it
 # without reading the image's /etc/passwd.
 IMAGE_UID = 1000
@@ -320,6 +327,9 @@ class BuildOptions:
     # Used by the host (uv, the registry client) and passed to builds as Docker's predefined
     # proxy arguments, which stay out of the history and the cache key.
     proxy: ProxySettings = field(default_factory=ProxySettings, repr=False)
+    # The builder the Dockerfile is rendered for: CLASSIC or BUILDKIT (the CLI resolves AUTO
+    # against the engine before anything is rendered).
+    builder: str = CLASSIC
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -378,6 +388,7 @@ class BuildContext:
     offline: bool = False  # build with no route off the host: everything comes from it
     lock: Lock | None = None  # written as envbuild.lock; the image installs and keeps it
     served: ServedInputs = field(default_factory=ServedInputs)
+    builder: str = CLASSIC  # the builder the Dockerfile was rendered for
 
 
 @dataclass(frozen=True, kw_only=True)

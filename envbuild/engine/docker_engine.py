@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import re
+import socket
 import struct
 import tarfile
 import threading
@@ -45,9 +46,11 @@ from envbuild.core.errors import (
 )
 from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
 from envbuild.core.labels import INSTALL_STAGE, STAGE
-from envbuild.core.models import BaseProbe, ProxySettings
+from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
 from envbuild.core.settings import seconds_setting
+from envbuild.engine import buildkit
+from envbuild.engine.build_errors import build_error
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
 from envbuild.engine.leftovers import left_behind
 from envbuild.net.bounded import printable
@@ -180,6 +183,7 @@ class DockerEngine:
         self._address = address or engine_address()
         self._timeout = timeout or DEFAULT_TIMEOUT
         self._asked = _Asked()
+        self._buildkit_client: tuple[buildkit.Client | None, str] | None = None
         self._send = client.api.send
         client.api.send = self._bounded_send  # type: ignore[method-assign]
 
@@ -239,14 +243,72 @@ class DockerEngine:
             self._asked.request = failed_on
 
     def describe(self) -> EngineInfo:
-        """Version, runtimes and storage of the engine, for `envbuild doctor`."""
+        """Version, kind, runtimes and storage of the engine, for `envbuild doctor`."""
         info = _document(self._client.api.info())
+        version = _document(self._client.api.version())
+        components = version.get("Components") or []
+        names = [str(c.get("Name", "")) for c in components if isinstance(c, dict)]
+        security = [str(option) for option in info.get("SecurityOptions") or ()]
         return EngineInfo(
-            version=str(_document(self._client.api.version()).get("Version", "unknown")),
+            version=str(version.get("Version", "unknown")),
             runtimes=tuple(sorted(info.get("Runtimes") or {})),
             cdi_spec_dirs=tuple(info.get("CDISpecDirs") or ()),
             root_dir=str(info.get("DockerRootDir", "")),
+            kind="Podman" if any("podman" in name.lower() for name in names) else "Docker",
+            api_version=str(version.get("ApiVersion", "")),
+            rootless=any("rootless" in option for option in security),
+            address=self._address,
         )
+
+    def builders(self) -> dict[str, str]:
+        """CLASSIC and BUILDKIT, each with "" where it works with this engine, else why not."""
+        facts = self.describe()
+        if facts.kind == "Podman":
+            kit = (
+                "Podman's Docker API has no BuildKit (Podman builds with Buildah); "
+                "use --builder classic"
+            )
+        else:
+            client, why = self._find_buildkit_client()
+            kit = "" if client is not None else (
+                f"no docker client here builds with BuildKit ({why}); install Debian's docker.io "
+                f"(its 20.10 client), or docker-buildx, or name one in {buildkit.CLIENT_ENV}"
+            )  # fmt: skip
+        return {BUILDKIT: kit, CLASSIC: self._classic_problem(facts)}
+
+    def _find_buildkit_client(self) -> tuple[buildkit.Client | None, str]:
+        if self._buildkit_client is None:
+            self._buildkit_client = buildkit.find_client()
+        return self._buildkit_client
+
+    def _classic_problem(self, facts: EngineInfo) -> str:
+        """Why the classic builder cannot build here, or "": it serves the build's inputs from
+        this host on the gateway of the engine's bridge, which only an engine on this host, with
+        its networks in this host's namespace, reaches."""
+        engine = f"the {facts.kind} engine at {printable(self._address, 120)}"
+        use = "use --builder buildkit"
+        if facts.rootless:
+            return (
+                f"the classic builder serves the build's inputs from this host, which {engine} "
+                f"does not reach: it is rootless, its networks live in rootlesskit's namespace; {use}"
+            )
+        if not self._address.startswith("unix://"):
+            return (
+                f"the classic builder serves the build's inputs from this host, which {engine} "
+                f"does not reach: it is not on this host; {use}"
+            )
+        gateway = self.bridge_gateway()
+        family = socket.AF_INET6 if ":" in gateway else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((gateway, 0))
+        except OSError as exc:
+            return (
+                f"the classic builder serves the build's inputs from this host on {gateway}, the "
+                f"gateway of {engine}'s bridge, which is not an address of this host "
+                f"({exc.strerror}: the engine runs in a VM or another namespace); {use}"
+            )
+        return ""
 
     def has_nvidia_runtime(self) -> bool:
         """True when the engine has the NVIDIA container runtime to hand GPUs to containers."""
@@ -286,11 +348,26 @@ class DockerEngine:
         target: str | None = None,
         no_cache: bool = False,
         proxy: ProxySettings | None = None,
+        builder: str = CLASSIC,
+        secrets: Mapping[str, Path] | None = None,
     ) -> str:
-        """Build with the classic builder, streaming every output line; return the image id."""
+        """Build with `builder`, streaming every output line; return the image id."""
         # Docker's predefined proxy arguments: no ARG needed, kept out of `docker history`
         # and of the cache key (docs.docker.com/build/building/variables/#predefined-build-args).
         build_args = {**(proxy.environment() if proxy is not None else {}), **build_args}
+        if builder == BUILDKIT:
+            client, why = self._find_buildkit_client()
+            if client is None:
+                msg = f"--builder buildkit: no docker client here builds with BuildKit ({why})"
+                raise BadInput(msg)
+            return buildkit.build(
+                client, context_dir, tag=tag, labels=labels, build_args=build_args,
+                secrets=secrets or {}, on_line=on_line, network=network, target=target,
+                no_cache=no_cache,
+            )  # fmt: skip
+        if secrets:
+            msg = "the classic builder has no secret mounts; build with BuildKit"
+            raise BuildFailed(msg)
         image_id: str | None = None
         last_lines: list[str] = []
         stream: Iterator[dict[str, Any]] = self._client.api.build(
@@ -316,11 +393,11 @@ class DockerEngine:
             elif "error" in chunk:
                 message = str(chunk["error"]).strip()
                 on_line(f"ERROR: {message}")
-                raise BuildFailed(_build_error(message, last_lines))
+                raise BuildFailed(build_error(message, last_lines))
             elif "aux" in chunk and "ID" in chunk["aux"]:
                 image_id = str(chunk["aux"]["ID"])
         if image_id is None:
-            raise BuildFailed(_build_error("the engine reported no image id", last_lines))
+            raise BuildFailed(build_error("the engine reported no image id", last_lines))
         return image_id
 
     def bridge_gateway(self, *, network: bool = True) -> str:
@@ -329,12 +406,35 @@ class DockerEngine:
         name = "bridge" if network else self._offline_network()
         gateway = ipv4_gateway(_document(self._client.api.inspect_network(name)))
         if gateway:
+            if not _bindable(gateway) and self.describe().kind == "Podman":
+                self._join_network(name)
             return gateway
         msg = (
             f"the Docker network {name!r} has no IPv4 gateway; envbuild serves a build's files "
             "there: check dockerd's --bip/--bridge settings"
         )
         raise BuildFailed(msg)
+
+    def _join_network(self, name: str) -> None:
+        """Run a throwaway container on network `name`. Podman makes a network's bridge, and
+        with it the gateway address the build server binds, only when a container first joins
+        the network (CNI and netavark alike); Docker's bridges exist from the start."""
+        api = self._client.api
+        images = _documents(api.images())
+        if not images:
+            return  # nothing to run: the build server's bind then says what is wrong
+        image = str(max(images, key=lambda i: int(i.get("Created") or 0))["Id"])
+        labels = {RUN_LABEL: run_id(), RUN_PLACE_LABEL: run_place()}
+        host_config = api.create_host_config(network_mode=name)
+        created = api.create_container(image, ["true"], host_config=host_config, labels=labels)
+        container = str(_document(created)["Id"])
+        try:
+            api.start(container)  # the engine joins the network before the command runs
+            api.wait(container, timeout=60)
+        except docker.errors.APIError as exc:  # no `true` in it: the bridge is up all the same
+            log.info("the container that brings up %s's bridge failed: %s", name, exc)
+        finally:
+            self._remove_container(container)
 
     def _offline_network(self) -> str:
         """envbuild's internal bridge network: an --offline build reaches the host's gateway
@@ -588,16 +688,17 @@ class DockerEngine:
         engine (parallel CI jobs on one runner) keeps its own: see `left_behind`."""
         removed = 0
         for label in ("org.envbuild.role=smoke", INSTALL_STAGE, f"{STAGE}=builder"):
-            for status in ("exited", "dead", "created"):
-                filters: dict[str, str | list[str] | bool] = {"label": label, "status": status}
-                for listed in _documents(self._client.api.containers(all=True, filters=filters)):
-                    container = str(listed["Id"])
-                    try:
-                        attrs = _document(self._client.api.inspect_container(container))
-                    except docker.errors.NotFound:
-                        continue  # removed since it was listed
-                    if left_behind(attrs, now=time.time()):
-                        removed += self._remove_container(container)
+            # By label alone: `left_behind` reads the state from the inspect document. Podman
+            # answers a `status=dead` filter with 500 ("unknown container state"), having none.
+            filters: dict[str, str | list[str] | bool] = {"label": label}
+            for listed in _documents(self._client.api.containers(all=True, filters=filters)):
+                container = str(listed["Id"])
+                try:
+                    attrs = _document(self._client.api.inspect_container(container))
+                except docker.errors.NotFound:
+                    continue  # removed since it was listed
+                if left_behind(attrs, now=time.time()):
+                    removed += self._remove_container(container)
         if removed:
             log.info("removed %d containers left by an earlier run that died", removed)
         return removed
@@ -615,6 +716,17 @@ class DockerEngine:
         for container in containers:
             removed += self._remove_container(container)
         return removed
+
+
+def _bindable(address: str) -> bool:
+    """Whether this host can listen on `address` (one of its own addresses)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except OSError:
+        return False
+    return True
 
 
 def _tar_of(path: str, data: bytes) -> bytes:
@@ -827,28 +939,6 @@ def _wait_as_long_as_it_runs(response: requests.Response) -> None:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
-
-
-# The classic builder's word for a failed RUN, which repeats the whole (long) script.
-_RUN_FAILED = re.compile(r"The command '.*' returned a non-zero code: (\d+)", re.DOTALL)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def _build_error(message: str, last_lines: list[str]) -> str:
-    """One line for a failed build: envbuild's own explanation from the failed step when it gave
-    one (`envbuild: torch.compile needs g++ ...`), else the engine's message and the last output."""
-    failed = _RUN_FAILED.fullmatch(message)
-    if failed:
-        message = f"a RUN step exited {failed.group(1)}"
-    # A tool's colour codes (uv's, Docker's) must not hide envbuild's line from the search.
-    plain = [_ANSI.sub("", line).strip() for line in last_lines]
-    said = [line for line in plain if line.startswith("envbuild")]
-    if said:
-        return f"{said[-1]} ({message})"
-    tail = " | ".join(plain[-3:])
-    return f"{message}" + (f" (last output: {tail})" if tail else "")
 
 
 def _push_failure(ref: str, error: str) -> str:

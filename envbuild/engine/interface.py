@@ -7,12 +7,13 @@ in-memory engine instead, and the real-engine tests prove the implementation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from envbuild.core.models import BaseProbe, ProxySettings
+from envbuild.core.errors import BadInput
+from envbuild.core.models import AUTO, BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,10 @@ class EngineInfo:
     runtimes: tuple[str, ...]
     cdi_spec_dirs: tuple[str, ...]
     root_dir: str
+    kind: str = "Docker"  # or "Podman" (its Docker-compatible API)
+    api_version: str = ""
+    rootless: bool = False
+    address: str = ""  # as the user names it: DOCKER_HOST, or the default socket
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,13 +86,22 @@ class Engine(Protocol):
         target: str | None = None,
         no_cache: bool = False,
         proxy: ProxySettings | None = None,
+        builder: str = CLASSIC,
+        secrets: Mapping[str, Path] | None = None,
     ) -> str:
-        """Build the context, streaming every output line; return the image id (BuildFailed).
+        """Build the context with `builder` (CLASSIC or BUILDKIT), streaming every output line;
+        return the image id (BuildFailed).
 
-        network=False: the RUN steps reach the host (`bridge_gateway(network=False)`) and
-        nothing beyond it. `proxy`: passed as Docker's predefined proxy build arguments
-        (HTTP_PROXY, HTTPS_PROXY, NO_PROXY and lowercase), which the RUN steps see and which
-        stay out of the history and the cache key."""
+        network=False: with the classic builder the RUN steps reach the host
+        (`bridge_gateway(network=False)`) and nothing beyond it; with BuildKit, nothing at all.
+        `proxy`: passed as Docker's predefined proxy build arguments (HTTP_PROXY, HTTPS_PROXY,
+        NO_PROXY and lowercase), which the RUN steps see and which stay out of the history and
+        the cache key. `secrets` (BuildKit only): id -> file, for `RUN --mount=type=secret`."""
+        ...
+
+    def builders(self) -> dict[str, str]:
+        """CLASSIC and BUILDKIT, each with "" where it works with this engine, else one line
+        saying why not and what to use instead."""
         ...
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
@@ -136,6 +150,26 @@ class Engine(Protocol):
     def remove_run_containers(self, run: str) -> int:
         """Force-remove every container run `run` made; return how many."""
         ...
+
+
+def choose_builder(engine: Engine, wanted: str) -> str:
+    """The builder to use: `wanted`, or for AUTO BuildKit where it works, else the classic one;
+    BadInput (one line naming the engine and what to use instead) when it cannot work here."""
+    support = engine.builders()
+    if wanted == AUTO:
+        usable = [name for name in (BUILDKIT, CLASSIC) if not support.get(name)]
+        if usable:
+            return usable[0]
+        why = "; ".join(f"{name}: {support[name]}" for name in (BUILDKIT, CLASSIC))
+        msg = f"no builder works with this engine ({why})"
+        raise BadInput(msg)
+    if wanted not in (BUILDKIT, CLASSIC):
+        msg = f"--builder {wanted}: choose {AUTO}, {BUILDKIT} or {CLASSIC}"
+        raise BadInput(msg)
+    if support.get(wanted):
+        msg = f"--builder {wanted}: {support[wanted]}"
+        raise BadInput(msg)
+    return wanted
 
 
 def connect() -> Engine:

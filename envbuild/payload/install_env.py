@@ -18,6 +18,13 @@ here, not left to its defaults: an index that dies fails the install in about a 
 line naming it, while a slow but steady download never trips them. Usage:
 
     ENVBUILD_SERVE=http://GATEWAY:PORT/PREFIX/ python3 install_env.py [--only PATTERN] VENV LOCK
+    python3 install_env.py --mounted /run/envbuild [--only PATTERN] VENV LOCK
+
+With BuildKit nothing is served: the install RUN mounts what it needs (MOUNTED_LAYOUT) and
+`--mounted` names where. config.json and ca.crt come as secret mounts (never cached, never in a
+layer), uv, the wheelhouse and a CA bundle too large for a secret as a read-only bind mount of the
+build context, and uv's cache as a cache mount kept between builds (so a rebuild downloads only
+what changed; it holds packages, never the index settings, which travel in uv's environment).
 
 `--only 'nvidia-*'` installs the lock's packages of that name (fnmatch) into the venv, made if
 missing: a step of its own, so that they get a layer of their own (templates/partials/install.j2);
@@ -50,6 +57,10 @@ CONFIG_NAME = "config.json"
 UV_NAME = "uv"
 CA_NAME = "ca.crt"
 WHEELS_NAME = "wheels/"
+# With BuildKit (`--mounted ROOT`), what the install RUN mounts under ROOT (templates/partials/install.j2).
+SECRETS_DIR = "secrets"  # config.json and ca.crt: secret mounts
+INPUTS_DIR = "inputs"  # uv, wheels/ and a CA bundle too large for a secret: the context, bound
+CACHE_DIR = "cache"  # uv's cache: a cache mount
 SEEDS_NAME = "seeds.txt"  # in the scratch folder: the venv's pip, for uv's one run
 PART_NAME = "part.txt"  # in the scratch folder: the lock's pins an --only step installs
 FETCH_TIMEOUT = 120.0  # seconds without a byte from the host's server
@@ -131,14 +142,21 @@ def _is_url(value: object) -> bool:
 
 
 def uv_command(
-    uv: str, config: Config, wheels: str, venv: str, lock: str, seeds: str | None = None
+    uv: str,
+    config: Config,
+    wheels: str,
+    venv: str,
+    lock: str,
+    seeds: str | None = None,
+    cache: str | None = None,
 ) -> list[str]:
     """uv's command line: no index URL on it (they may hold credentials); `wheels`, the folder
-    of the served wheels (fetch_wheels); `seeds`, the venv's own pip (make_venv), installed in
-    the same run."""
+    of the wheelhouse's wheels (fetch_wheels, or mounted); `seeds`, the venv's own pip
+    (make_venv), installed in the same run; `cache`, uv's cache folder (None: no cache)."""
+    caching = ["--cache-dir", cache] if cache is not None else ["--no-cache"]
     command = [
         uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"),
-        "--require-hashes", "--no-deps", "--no-cache", "--compile-bytecode", "--no-progress",
+        "--require-hashes", "--no-deps", *caching, "--compile-bytecode", "--no-progress",
     ]  # fmt: skip
     if config.find_links:
         command += ["--find-links", wheels]
@@ -449,10 +467,20 @@ def lock_pins(lock: str) -> list[tuple[str, str]]:
         ]
 
 
-def install(serve: str, venv: str, lock: str, scratch: str, only: str | None) -> Phases:
-    """Fetch into `scratch`, create the venv unless it is there, install the lock (`only`: the
-    lock's packages whose names match that pattern); `scratch` is the caller's to remove."""
-    clock = Phases()
+@dataclass(frozen=True)
+class Inputs:
+    """What the install uses and the image must not keep, where this RUN finds it."""
+
+    config: Config
+    uv: str
+    ca: str | None
+    wheels: str  # the wheelhouse's folder for --find-links, "" without one
+    cache: str | None  # uv's cache folder, None for none
+    served: str  # the build server's URL, "" when mounted
+
+
+def served_inputs(serve: str, lock: str, scratch: str) -> Inputs:
+    """Fetch what the build server offers into `scratch` (the classic builder's way)."""
     config = parse_config(fetch(serve + CONFIG_NAME))
     uv = os.path.join(scratch, UV_NAME)
     fetch(serve + UV_NAME, uv)
@@ -461,20 +489,70 @@ def install(serve: str, venv: str, lock: str, scratch: str, only: str | None) ->
     if config.ca_bundle:
         ca_path = os.path.join(scratch, CA_NAME)
         fetch(serve + CA_NAME, ca_path)
-    clock.done("fetch uv")
-    environment = uv_environment(config, dict(os.environ), ca_path)
+    wheels = fetch_wheels(serve, lock, scratch) if config.find_links else ""
+    return Inputs(config=config, uv=uv, ca=ca_path, wheels=wheels, cache=None, served=serve)
+
+
+def mounted_inputs(root: str) -> Inputs:
+    """What BuildKit mounted under `root` (see SECRETS_DIR, INPUTS_DIR, CACHE_DIR)."""
+    config_path = os.path.join(root, SECRETS_DIR, CONFIG_NAME)
+    try:
+        with open(config_path, "rb") as handle:
+            config = parse_config(handle.read(1024 * 1024))
+    except OSError as exc:
+        msg = (
+            f"no {config_path} ({exc.strerror}): the build's secret was not mounted; "
+            "build with `envbuild build`, not with `docker build`"
+        )
+        raise InstallError(msg) from exc
+    inputs = os.path.join(root, INPUTS_DIR)
+    ca_path = None
+    if config.ca_bundle:
+        found = [
+            path
+            for path in (os.path.join(root, SECRETS_DIR, CA_NAME), os.path.join(inputs, CA_NAME))
+            if os.path.isfile(path)
+        ]
+        if not found:
+            msg = f"config.json names a CA bundle, but none is mounted at {root}"
+            raise InstallError(msg)
+        ca_path = found[0]
+    cache = os.path.join(root, CACHE_DIR)
+    return Inputs(
+        config=config,
+        uv=os.path.join(inputs, UV_NAME),
+        ca=ca_path,
+        wheels=os.path.join(inputs, WHEELS_NAME.rstrip("/")) if config.find_links else "",
+        cache=cache if os.path.isdir(cache) else None,
+        served="",
+    )
+
+
+def install(
+    source: str, venv: str, lock: str, scratch: str, only: str | None, *, mounted: bool = False
+) -> Phases:
+    """Gather the inputs (fetched from the server at `source` into `scratch`, or mounted under
+    `source`), create the venv unless it is there, install the lock (`only`: the lock's
+    packages whose names match that pattern); `scratch` is the caller's to remove."""
+    clock = Phases()
+    wanted = lock if only is None else lock_part(lock, only, scratch)
+    inputs = mounted_inputs(source) if mounted else served_inputs(source, wanted, scratch)
+    clock.done("inputs")
+    config = inputs.config
+    environment = uv_environment(config, dict(os.environ), inputs.ca)
     # uv's own temporary files go to scratch too, so they leave with it.
     environment["TMPDIR"] = scratch
-    wanted = lock if only is None else lock_part(lock, only, scratch)
-    wheels = fetch_wheels(serve, wanted, scratch) if config.find_links else ""
-    clock.done("fetch wheels")
+    if inputs.cache is not None:
+        # The cache is another file system than the venv's: copy, and say nothing about it.
+        environment["UV_LINK_MODE"] = "copy"
     seeds = make_venv(venv, lock if only is None else None, scratch)
     clock.done("venv")
-    code, tail = run_uv(uv_command(uv, config, wheels, venv, wanted, seeds), environment)
+    command = uv_command(inputs.uv, config, inputs.wheels, venv, wanted, seeds, inputs.cache)
+    code, tail = run_uv(command, environment)
     if code != 0:
         msg = (
-            refused_index(config, first_package(wanted), ca_path)
-            or network_failure(tail, serve)
+            refused_index(config, first_package(wanted), inputs.ca)
+            or network_failure(tail, inputs.served)
             or f"uv could not install {lock} (exit {code}); see its output above"
         )
         raise InstallError(msg)
@@ -486,18 +564,23 @@ def install(serve: str, venv: str, lock: str, scratch: str, only: str | None) ->
     return clock
 
 
+USAGE = (
+    "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] VENV LOCK\n"
+    "       install_env.py --mounted ROOT [--only PATTERN] VENV LOCK"
+)
+
+
 def main(argv: list[str]) -> int:
     """Install, then remove every fetched file, the config and the temporary folder."""
-    only = None
-    if len(argv) == 4 and argv[0] == "--only":
-        only, argv = argv[1], argv[2:]
+    options: dict[str, str] = {}
+    while len(argv) >= 2 and argv[0] in ("--only", "--mounted") and argv[0] not in options:
+        options[argv[0]], argv = argv[1], argv[2:]
     if len(argv) != 2:
-        print(
-            "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] VENV LOCK", file=sys.stderr
-        )
+        print(USAGE, file=sys.stderr)
         return 2
-    serve = os.environ.get(SERVE_VARIABLE, "")
-    if not serve.startswith("http://") or not serve.endswith("/"):
+    mounted = "--mounted" in options
+    source = options.get("--mounted") or os.environ.get(SERVE_VARIABLE, "")
+    if not mounted and (not source.startswith("http://") or not source.endswith("/")):
         print(
             f"envbuild install: {SERVE_VARIABLE} is not set to envbuild's build server; "
             "build with `envbuild build`, not with `docker build`",
@@ -506,7 +589,7 @@ def main(argv: list[str]) -> int:
         return 2
     scratch = tempfile.mkdtemp(prefix="envbuild-install-")
     try:
-        clock = install(serve, argv[0], argv[1], scratch, only)
+        clock = install(source, argv[0], argv[1], scratch, options.get("--only"), mounted=mounted)
     except (InstallError, subprocess.CalledProcessError) as exc:
         print(f"envbuild install: {exc}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ from envbuild.core.models import (
 from envbuild.core.redact import register_url
 from envbuild.core.results import EntryResult, SmokeResult
 from envbuild.core.store import ResultStore
-from envbuild.engine.interface import Engine
+from envbuild.engine.interface import Engine, choose_builder
 from envbuild.engine.interface import connect as connect_engine
 from envbuild.publish.signing import SignatureError, Subject, verify_image
 from envbuild.publish.verify import Target, entry_target, published_already
@@ -100,6 +100,7 @@ def build_shared_stages(
                 network=not sharing[0].offline,
                 target="runtime",
                 proxy=None if sharing[0].offline else proxy,  # its apt-get may need it
+                builder=sharing[0].builder,  # each builder finds only its own layer cache
             )
         built += 1
     return built
@@ -122,6 +123,9 @@ def run_entries(
     for url in (options.index_url, *options.extra_index_urls):
         register_url(url)  # before anything can print or log a build request
     engine = connect()
+    builder = choose_builder(engine, options.builder)
+    log.info("building with %s", builder)
+    options = dataclasses.replace(options, builder=builder)
     engine.remove_leftovers()  # of an earlier run whose engine or process died mid-way
     probes: dict[str, BaseProbe] = {}
     # Every entry is checked against its base before its lock is resolved or anything built.

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from envbuild.core.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
-from envbuild.core.models import BaseProbe, ProxySettings
+from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
 
 
@@ -42,6 +42,8 @@ class Build:
     target: str | None
     no_cache: bool
     proxy: ProxySettings | None = None
+    builder: str = CLASSIC
+    secrets: dict[str, bytes] = field(default_factory=dict)  # id -> what the file held then
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +78,8 @@ class InMemoryEngine:
     pushes: list[tuple[str, str]] = field(default_factory=list)  # (image id, reference)
     probes: list[str] = field(default_factory=list)
     gateway: str = "127.0.0.1"  # where envbuild's build server listens during a build
+    # builder -> "" where it works with this engine, else why not (Engine.builders).
+    support: dict[str, str] = field(default_factory=lambda: {BUILDKIT: "", CLASSIC: ""})
     # Called with the build arguments while a build runs, as its RUN steps would run then.
     during_build: Callable[[dict[str, str]], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -119,6 +123,9 @@ class InMemoryEngine:
     def has_nvidia_runtime(self) -> bool:
         return self.nvidia
 
+    def builders(self) -> dict[str, str]:
+        return dict(self.support)
+
     def image(self, ref: str) -> ImageInfo | None:
         with self._lock:
             found = self.images.get(ref) or next(
@@ -148,15 +155,18 @@ class InMemoryEngine:
         target: str | None = None,
         no_cache: bool = False,
         proxy: ProxySettings | None = None,
+        builder: str = CLASSIC,
+        secrets: Mapping[str, Path] | None = None,
     ) -> str:
         dockerfile = (context_dir / "Dockerfile").read_text(encoding="utf-8")
         files = tuple(sorted(str(p.relative_to(context_dir)) for p in context_dir.rglob("*")))
+        held = {name: path.read_bytes() for name, path in (secrets or {}).items()}
         with self._lock:
             self.builds.append(
                 Build(
                     dockerfile=dockerfile, files=files, tag=tag, labels=dict(labels),
                     build_args=dict(build_args), network=network, target=target, no_cache=no_cache,
-                    proxy=proxy,
+                    proxy=proxy, builder=builder, secrets=held,
                 )
             )  # fmt: skip
             number = len(self.builds)

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from envbuild.core.interrupt import run_alive, run_id, run_place
-from envbuild.engine.docker_engine import _build_error, _push_failure, ipv4_gateway
+from envbuild.engine.build_errors import build_error
+from envbuild.engine.docker_engine import _push_failure, ipv4_gateway
 from envbuild.engine.leftovers import LIVE_RUN_GRACE_S, build_server_answers, left_behind
 
 SCRIPT = "The command '/bin/sh -c missing=\"\";     command -v g++ || missing=g++; ...' returned a non-zero code: 1"  # fmt: skip
@@ -23,7 +24,7 @@ def test_a_step_that_explains_itself_is_quoted_not_its_script() -> None:
         "OS archive (an --offline build?); use a base that has them",
         "W: Some index files failed to download.",
     ]
-    assert _build_error(SCRIPT, lines) == (
+    assert build_error(SCRIPT, lines) == (
         "envbuild: torch.compile needs g++ libpython3-dev in the image and apt cannot reach the OS "
         "archive (an --offline build?); use a base that has them (a RUN step exited 1)"
     )
@@ -31,13 +32,13 @@ def test_a_step_that_explains_itself_is_quoted_not_its_script() -> None:
 
 def test_the_installer_explains_itself_too() -> None:
     lines = ["envbuild install: uv could not install /opt/venv/envbuild.lock (exit 2); see its output above"]  # fmt: skip
-    assert _build_error(SCRIPT, lines).startswith("envbuild install: uv could not install")
+    assert build_error(SCRIPT, lines).startswith("envbuild install: uv could not install")
 
 
 def test_otherwise_the_last_output_goes_with_the_engines_message() -> None:
     lines = ["E: Unable to locate package nosuch", "a", "b", "c"]
-    assert _build_error(SCRIPT, lines) == "a RUN step exited 1 (last output: a | b | c)"
-    assert _build_error("no space left on device", []) == "no space left on device"
+    assert build_error(SCRIPT, lines) == "a RUN step exited 1 (last output: a | b | c)"
+    assert build_error("no space left on device", []) == "no space left on device"
 
 
 def test_colour_codes_around_envbuilds_line_do_not_hide_it() -> None:
@@ -46,7 +47,7 @@ def test_colour_codes_around_envbuilds_line_do_not_hide_it() -> None:
         "\x1b[1m\x1b[31menvbuild install: uv could not download sympy==1.14.0 from the package index "
         "at https://10.0.0.1:8443\x1b[0m",
     ]
-    assert _build_error(SCRIPT, lines) == (
+    assert build_error(SCRIPT, lines) == (
         "envbuild install: uv could not download sympy==1.14.0 from the package index at "
         "https://10.0.0.1:8443 (a RUN step exited 1)"
     )
