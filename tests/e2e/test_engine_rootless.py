@@ -1,7 +1,8 @@
 """A rootless Docker engine, started by the tests as an unprivileged user (issue 23): it is
 rootless, its BuildKit carries a secret to a `RUN` and leaves it in no layer, history entry, config
 or output (and a build that leaks it on purpose is caught), its containers reach PyPI through the
-host's proxy, and `envbuild doctor` answers through it."""
+host's proxy, `envbuild doctor` answers through it, and `envbuild build --builder buildkit`
+builds and smoke-tests the torch CPU entry there with no secret in the image or any output."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.support.docker_support import envbuild, needles_in_layers
+from tests.support.docker_support import (
+    SECRET,
+    TORCH_CPU_IMAGE,
+    envbuild,
+    needles_in_layers,
+    torch_cpu_args,
+)
 from tests.support.rootless_engine import (  # noqa: F401 - the fixture, found by name
     DOCKER_CLI,
     RootlessEngine,
@@ -163,3 +170,51 @@ def test_doctor_answers_through_the_rootless_engine(rootless_docker: RootlessEng
     assert report["engine"]["reachable"], report["engine"]
     # The disk doctor measures is the engine's root: this engine's, not the host's rootful one.
     assert report["disk"]["path"] == str(rootless_docker.folder / "data")
+
+
+@pytest.mark.live
+def test_envbuild_builds_and_smoke_tests_torch_cpu_with_buildkit_and_leaks_no_secret(
+    rootless_docker: RootlessEngine,  # noqa: F811
+    rootless_client: docker.DockerClient,
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path: Path,
+) -> None:
+    report_path = tmp_path / "r.json"
+    args = [
+        *torch_cpu_args(base_image, wheelhouse, ca_bundle, report_path),
+        "--builder",
+        "buildkit",
+    ]
+    result = envbuild(*args, env=rootless_docker.env, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    report = json.loads(report_path.read_text())
+    (entry,) = report["results"]
+    assert entry["status"] == "built"
+    assert TORCH_CPU_IMAGE in entry["image"]["tags"]
+    smoke = entry["smoke"]
+    assert smoke["passed"] is True
+    assert all(check["passed"] for check in smoke["checks"])
+    assert smoke["versions"]["framework"] == "2.13.0+cpu"
+    assert smoke["train"]["loss_last"] < smoke["train"]["loss_first"]
+    # Built on the rootless engine, not on the engine of the environment.
+    rootless_client.images.get(TORCH_CPU_IMAGE)
+
+    found = needles_in_layers(rootless_client, TORCH_CPU_IMAGE, [SECRET.encode()])
+    image = rootless_client.images.get(TORCH_CPU_IMAGE)
+    history = rootless_docker.docker(
+        "history", "--no-trunc", "--format", "{{json .}}", TORCH_CPU_IMAGE
+    )
+    assert history.returncode == 0, history.stderr
+    outputs = {
+        "history": history.stdout + json.dumps(image.history()),
+        "config": json.dumps(image.attrs),
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "report": report_path.read_text(),
+        "build log": Path(entry["image"]["log"]).read_text(errors="replace"),
+    }
+    found += [place for place, text in outputs.items() if SECRET in text]
+    assert found == []

@@ -8,22 +8,37 @@ On leaving, however the block ends, it stops the engine (SIGTERM, then SIGKILL) 
 folder. `scripts/engines/rootless-setup.sh` prepares the host; what it has not done fails the test
 with that fix, and what the kernel forbids skips it with the reason.
 
-Measured on the development machine (Debian bookworm, kernel 6.18, 2 cores, cgroup v1):
-- It starts in 0.4-2.3 s. Storage is the kernel's own overlay2 in the user namespace
-  (`userxattr`; kernel 5.11 or later), not fuse-overlayfs or vfs; only "Native Overlay Diff" is off.
+Measured on the development machine (Debian bookworm, kernel 6.18, 2 cores, cgroup v1, Debian's
+Docker 20.10.24 and rootlesskit 1.1.0; no udev; user namespaces allowed: user.max_user_namespaces
+96363, no kernel.unprivileged_userns_clone switch):
+- It starts: `docker info` answers 0.4-2.3 s after the start. Storage is the kernel's overlay2 in
+  the user namespace (`userxattr`, kernel 5.11 or later), not fuse-overlayfs or vfs; only "Native
+  Overlay Diff" is off (dockerd: "may cause degraded performance for building images: running in
+  a user namespace").
 - No cgroups: with cgroup v1 a rootless engine has none ("Cgroup Driver: none"; dockerd warns
-  "Running in rootless-mode without cgroups"), so `--memory` and `--cpus` are refused there.
-- Networking is slirp4netns (rootlesskit's default here): containers resolve through 10.0.2.3
-  and reach PyPI and deb.debian.org through the host's TLS-intercepting proxy, given the host CA
-  bundle (a secret mount of /etc/ssl/certs/ca-certificates.crt: `curl --cacert` gets 200).
-- slirp4netns opens /dev/net/tun in the user namespace; on this machine (no udev) the node is
-  root's, mode 0600, and rootlesskit fails with "open: Permission denied … setting up tap tap0".
-  The setup script makes it 0666, as Debian's udev rules (50-udev-default.rules) do.
+  "Running in rootless-mode without cgroups ... boot the system in cgroup v2 mode"). `--memory`
+  and `--cpus` are then accepted and silently ignored (a `--memory 64m` container sees no limit).
+  `--ulimit memlock=-1:-1` (what envbuild gives GPU containers) is refused: "error setting rlimits
+  for ready process: error setting rlimit type 8: operation not permitted"; `--shm-size 1g` and
+  `--network none` work.
+- Networking is slirp4netns: containers resolve through 10.0.2.3 and reach PyPI and
+  deb.debian.org through the host's TLS-intercepting proxy, given the host CA bundle (a secret
+  mount of /etc/ssl/certs/ca-certificates.crt; apt-get and `curl --cacert` to PyPI: 200). The
+  engine's bridges (172.17.0.1, an --internal network's gateway) live in rootlesskit's network
+  namespace: no process on the host can bind to them.
+- slirp4netns opens /dev/net/tun inside the user namespace; with no udev the node is the kernel's
+  root-only 0600 and rootlesskit stops with "open: Permission denied ... setting up tap tap0:
+  executing [[nsenter ... ip tuntap add name tap0 mode tap] ...]: exit status 1". The setup
+  script makes it 0666, as Debian's udev rules (50-udev-default.rules) do on other hosts.
 - root reaches the user's socket (CAP_DAC_OVERRIDE), so the tests run envbuild and
   `/usr/bin/docker` as root with DOCKER_HOST alone; nothing runs as the user but the engine.
-- `docker save | docker load` of envbuild/base:bookworm (167 MB): 3.4 s.
+- `docker save | docker load` of envbuild/base:bookworm (167 MB): 3.4 s; engine up with the base
+  loaded: 5.7-9.6 s.
 - `DOCKER_BUILDKIT=1 /usr/bin/docker build` with `RUN --mount=type=secret` works (the engine's
-  built-in BuildKit, no `# syntax` line): four steps with apt and a PyPI fetch in 4.2 s.
+  built-in BuildKit, no `# syntax` line), as do `--mount=type=cache` and the classic builder
+  (DOCKER_BUILDKIT=0): a secret step 4-8 s, apt plus a PyPI fetch 5-19 s (2 cores, shared).
+- `envbuild build` of the torch CPU entry with `--builder buildkit` there: 151-275 s, smoke
+  included; stopping the engine and removing its data root with that image afterwards: 47 s.
 - Stopping: SIGTERM to rootlesskit shuts dockerd down cleanly (about 1 s); rootlesskit runs with
   `--pidns`, so a SIGKILL of it takes every process of the engine with it, and the engine's mounts
   live in its own mount namespace: nothing is left on the host but the folder, which root removes
@@ -272,9 +287,16 @@ def rootless_engine(
             log.info("%s loaded in %.1f s", image, time.monotonic() - started)
         yield engine
     finally:
+        started = time.monotonic()
         if process is not None:
             _stop(process)
+        stopped = time.monotonic()
         shutil.rmtree(folder, ignore_errors=True)
+        log.info(
+            "rootless engine stopped in %.1f s, its folder removed in %.1f s",
+            stopped - started,
+            time.monotonic() - stopped,
+        )
 
 
 @pytest.fixture(scope="session")
