@@ -2,7 +2,8 @@
 rootless, its BuildKit carries a secret to a `RUN` and leaves it in no layer, history entry, config
 or output (and a build that leaks it on purpose is caught), its containers reach PyPI through the
 host's proxy, `envbuild doctor` answers through it, and `envbuild build --builder buildkit`
-builds and smoke-tests the torch CPU entry there with no secret in the image or any output."""
+builds and smoke-tests the torch CPU entry there with no secret in the image or any output, while
+`--builder classic` is refused in one line that names the engine and BuildKit."""
 
 from __future__ import annotations
 
@@ -218,3 +219,27 @@ def test_envbuild_builds_and_smoke_tests_torch_cpu_with_buildkit_and_leaks_no_se
     }
     found += [place for place, text in outputs.items() if SECRET in text]
     assert found == []
+
+
+def test_the_classic_builder_is_refused_there_in_one_line_naming_buildkit(
+    rootless_docker: RootlessEngine,  # noqa: F811
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path: Path,
+) -> None:
+    """The classic builder serves inputs from this host, which a rootless engine's networks
+    (in rootlesskit's namespace) cannot reach: the build stops before it starts."""
+    args = [
+        *torch_cpu_args(base_image, wheelhouse, ca_bundle, tmp_path / "r.json"),
+        "--builder",
+        "classic",
+    ]
+    result = envbuild(*args, env=rootless_docker.env, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = result.stderr.strip()
+    assert "\n" not in line, line
+    assert "rootless" in line, line
+    assert rootless_docker.host in line, line
+    assert "--builder buildkit" in line, line
+    assert SECRET not in result.stdout + result.stderr
