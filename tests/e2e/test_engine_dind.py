@@ -22,7 +22,13 @@ from tests.support.dind_engine import (  # noqa: F401 - dind_fixture: the fixtur
     dind_fixture,
     make_certs,
 )
-from tests.support.docker_support import needles_in_layers, output_of
+from tests.support.docker_support import (
+    SECRET,
+    TORCH_CPU_IMAGE,
+    needles_in_layers,
+    output_of,
+    torch_cpu_args,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
@@ -163,3 +169,26 @@ def test_doctor_reaches_the_dind_engine_with_a_proxy_ca_bundle_set(
     proxy_ca = {name: str(ca_bundle) for name in CA_OVERRIDES}
     found = envbuild_cli({**dind.env, **proxy_ca}, "doctor", timeout=300)
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_torch_cpu_builds_and_passes_its_smoke_test_on_the_dind_engine(
+    dind: DindEngine, base_image: str, wheelhouse: Path, ca_bundle: Path, tmp_path: Path
+) -> None:
+    """The build of the issue's done-when, with BuildKit, on the remote engine: the CA bundle, the
+    index password and the wheelhouse reach the install step, and the password nothing else."""
+    report = tmp_path / "r.json"
+    args = [*torch_cpu_args(base_image, wheelhouse, ca_bundle, report), "--builder", "buildkit"]
+    built = envbuild_cli(dind.env, *args, drop=CA_OVERRIDES)
+    output = built.stdout + built.stderr
+    assert built.returncode == 0, output[-3000:]
+    (result,) = json.loads(report.read_text())["results"]
+    assert result["status"] == "built"
+    assert result["smoke"]["passed"] is True, result["smoke"]
+    assert result["smoke"]["versions"]["framework"] == "2.13.0+cpu"
+    assert TORCH_CPU_IMAGE in result["image"]["tags"]
+    image = dind.client.images.get(result["image"]["id"])  # on the dind engine
+
+    assert SECRET not in output
+    assert SECRET not in report.read_text()
+    assert SECRET not in json.dumps([image.history(), image.attrs])
+    assert needles_in_layers(dind.client, TORCH_CPU_IMAGE, [SECRET.encode()]) == []

@@ -16,8 +16,11 @@ figure with other test runs on the engine, load average 6): the image 9.5 s / 35
 cache, 0.01 s when reused (the build is skipped while its tag exists; BuildKit's cache makes a
 rebuild after the session's clean-up a few seconds); the certificates 0.01 s; dockerd answering
 through TLS 0.6 s / 1.0 s after the container starts; `docker save | docker load` of the 167 MB
-base 3.9 s / 9 s; removing the container and its volume 0.8 s / 3.5 s. The engine up and loaded
-in about 5 s on an idle host, 14 s on a busy one.
+base 3.9 s / 9 s; removing the container and its volume 0.8 s / 3.5 s, and 27-58 s once a torch CPU
+image was built in it (the volume's layers are deleted). The engine up and loaded in about 5 s on
+an idle host, 14 s on a busy one. A torch CPU build and smoke test through it with
+`--builder buildkit`: 130-327 s as busy as the host was (the same build on the local engine is
+the benchmarks' to compare).
 
 The docker clients are Debian's `docker.io` 20.10 (/usr/bin/docker, by its full path: a newer
 client earlier on the PATH may lack buildx) and docker-py.
