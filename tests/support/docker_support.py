@@ -374,9 +374,12 @@ def needles_in_layers(
             for chunk in docker_client.images.get(image).save(named=False):
                 handle.write(chunk)
         with tarfile.open(saved) as outer:
-            for layer in outer.getmembers():
-                if not layer.name.endswith("layer.tar"):
-                    continue
+            # The layers the archive's manifest names: Docker's `<id>/layer.tar`, Podman's
+            # `<digest>.tar` (its `<id>/layer.tar` are empty links to them).
+            manifest = json.load(outer.extractfile("manifest.json"))
+            names = [name for image_manifest in manifest for name in image_manifest["Layers"]]
+            assert names, f"the saved {image} names no layers"
+            for layer in (outer.getmember(name) for name in names):
                 extracted = outer.extractfile(layer)
                 assert extracted is not None
                 with tarfile.open(fileobj=extracted, mode="r|") as inner:
