@@ -90,6 +90,13 @@ def probe_entry_base(
     if base_ref not in probes:
         probes[base_ref] = engine.probe_base(base_ref)
     check_base(knowledge, entry, probes[base_ref])
+    if options.offline and probes[base_ref].python is None:
+        msg = (
+            f"--offline: base image {base_ref} has no python3, and a build with no route off "
+            "the host cannot install the OS's; use a base with it (`envbuild base bootstrap "
+            "--with-python`) or drop --offline"
+        )
+        raise BadInput(msg)
     return probes[base_ref]
 
 

@@ -251,8 +251,8 @@ def serve(address: str, files: Mapping[str, Path | bytes]) -> Iterator[str]:
     except (OSError, ValueError) as exc:
         msg = (
             f"cannot serve the build's files on {shown(address)}, the gateway of the build's "
-            f"Docker network ({getattr(exc, 'strerror', None) or exc}); envbuild needs the engine "
-            "on this host (unset DOCKER_HOST for a remote one) and that address on a local bridge"
+            f"Docker network ({getattr(exc, 'strerror', None) or exc}); the classic builder needs "
+            "the engine on this host with that address on a local bridge: use --builder buildkit"
         )
         raise BuildFailed(msg) from exc
     thread = threading.Thread(

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ MAX_LINE_BYTES = 8192
 _STEP_PREFIX = re.compile(r"^#\d+ (?:\d+\.\d+ )?")
 # What the client says when it cannot reach the engine at all.
 _UNREACHABLE = ("Cannot connect to the Docker daemon", "error during connect")
+# What the client says when the engine does not serve BuildKit's session (gRPC over HTTP/2).
+_NO_SESSION = ("failed to dial gRPC", "unable to upgrade to h2c")
 # Seconds the client has to cancel the build after an interrupt, before it is killed.
 _CANCEL_SECONDS = 10.0
 
@@ -116,10 +119,32 @@ def _output(command: list[str]) -> str:
     return result.stdout
 
 
+def probe(client: Client, engine: str) -> str:
+    """Whether BuildKit builds on the engine: "" when it does, else one line saying why not.
+    An empty build exported to a scratch folder (no image is made): the client, its session
+    with the engine and the engine's BuildKit, for real, in about a second."""
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("buildkit-probe")) as scratch:
+        context = Path(scratch) / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM scratch\n", encoding="utf-8")
+        command = [client.path, *(("buildx", "build") if client.buildx else ("build",))]
+        command += ["--progress=plain", f"--output=type=local,dest={scratch}/out", str(context)]
+        environment = {**os.environ, "DOCKER_BUILDKIT": "1", "DOCKER_CLI_HINTS": "false"}
+        try:
+            last_lines = _run(command, environment, lambda line: None, timeout=_PROBE_SECONDS * 3)
+        except subprocess.TimeoutExpired:
+            return f"{engine} did not finish an empty BuildKit build in {_PROBE_SECONDS * 3:g} s"
+    if last_lines is None:
+        return ""
+    failure = _failure(last_lines, engine)
+    return failure.message
+
+
 def build(
     client: Client,
     context_dir: Path,
     *,
+    engine: str,
     tag: str | None,
     labels: Mapping[str, str],
     build_args: Mapping[str, str],
@@ -131,7 +156,8 @@ def build(
 ) -> str:
     """Build `context_dir` with BuildKit, streaming every line of its plain progress to `on_line`;
     return the image id (BuildFailed when a step fails, EngineFailed when the engine is not
-    there). `network=False`: the RUN steps have no network at all."""
+    there; BadInput when it serves no BuildKit). `engine` names it in those lines.
+    `network=False`: the RUN steps have no network at all."""
     for name in build_args:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             msg = f"build argument {printable(name, 60)!r} is not a variable name"
@@ -152,7 +178,7 @@ def build(
         environment["DOCKER_CLI_HINTS"] = "false"
         last_lines = _run([*command, str(context_dir)], environment, on_line)
         if last_lines is not None:
-            raise _failure(last_lines)
+            raise _failure(last_lines, engine)
         image_id = iidfile.read_text(encoding="utf-8").strip() if iidfile.is_file() else ""
     if not image_id.startswith("sha256:"):
         raise BuildFailed(build_error("BuildKit reported no image id", []))
@@ -160,10 +186,15 @@ def build(
 
 
 def _run(
-    command: list[str], environment: dict[str, str], on_line: Callable[[str], None]
+    command: list[str],
+    environment: dict[str, str],
+    on_line: Callable[[str], None],
+    timeout: float | None = None,
 ) -> list[str] | None:
     """Run the client, its output passed to `on_line` line by line; None when it succeeded,
-    else its last lines. An interrupt cancels the build (SIGINT, as Ctrl-C would), then kills."""
+    else its last lines. An interrupt cancels the build (SIGINT, as Ctrl-C would), then kills;
+    so does `timeout` (seconds; subprocess.TimeoutExpired)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     last: list[str] = []
     process = subprocess.Popen(
         command, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -177,7 +208,9 @@ def _run(
             on_line(line)
             if line.strip():
                 last = [*last[-39:], line]
-        code = process.wait()
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(command, timeout or 0)
+        code = process.wait(None if deadline is None else max(0.1, deadline - time.monotonic()))
     finally:
         if process.poll() is None:
             _stop(process)
@@ -197,14 +230,20 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def _failure(last_lines: list[str]) -> BuildFailed | EngineFailed:
+def _failure(last_lines: list[str], engine: str) -> BuildFailed | EngineFailed | BadInput:
     """The one line for a failed BuildKit build, from the client's last lines."""
     plain = [_STEP_PREFIX.sub("", line) for line in last_lines]
     unreachable = [line for line in plain if line.strip().startswith(_UNREACHABLE)]
     if unreachable:
         return EngineFailed(
-            f"the docker client cannot reach the engine to build: {printable(unreachable[-1], 200)};"
+            f"the docker client cannot reach {engine} to build: {printable(unreachable[-1], 200)};"
             " check DOCKER_HOST (and DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) and `docker info`"
+        )
+    no_session = [line for line in plain if any(mark in line for mark in _NO_SESSION)]
+    if no_session:
+        return BadInput(
+            f"{engine} serves no BuildKit session ({printable(no_session[-1], 160)}); "
+            "use --builder classic"
         )
     errors = [line for line in plain if line.lower().startswith(("error:", "error ", "failed to"))]
     message = errors[-1] if errors else "the docker client failed"

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import socket
+import ssl
 import struct
 import tarfile
 import threading
@@ -116,6 +117,33 @@ def ipv4_gateway(network_attrs: dict[str, Any]) -> str | None:
     return None
 
 
+# What requests lets replace the CA of any HTTPS request (docker-py's for the engine too: a TLS
+# engine's own CA is then refused, docker/docker-py#2433); CI jobs behind a proxy set them.
+_CA_OVERRIDES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
+@contextlib.contextmanager
+def _engine_tls_only() -> Iterator[None]:
+    """While docker-py first asks the engine (before its session can be told to ignore the
+    environment), the environment's CA overrides are set aside."""
+    saved = {name: os.environ.pop(name) for name in _CA_OVERRIDES if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _loopback(address: str) -> bool:
+    """Whether a tcp:// engine address names this host's loopback."""
+    host = urllib.parse.urlsplit(address).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def answer_timeout(environ: Mapping[str, str] | None = None) -> int:
     """Seconds the engine has to answer: ENVBUILD_ENGINE_TIMEOUT (whole seconds, rounded up),
     else the default."""
@@ -184,6 +212,7 @@ class DockerEngine:
         self._timeout = timeout or DEFAULT_TIMEOUT
         self._asked = _Asked()
         self._buildkit_client: tuple[buildkit.Client | None, str] | None = None
+        self._buildkit_problem: str | None = None  # "" once an empty BuildKit build worked
         self._send = client.api.send
         client.api.send = self._bounded_send  # type: ignore[method-assign]
 
@@ -193,9 +222,13 @@ class DockerEngine:
         ENVBUILD_ENGINE_TIMEOUT; EngineUnavailable if it does not answer."""
         timeout, address = answer_timeout(), engine_address()
         try:
-            client = docker.from_env(timeout=timeout)  # asks GET /version: the API it speaks
+            with _engine_tls_only():
+                client = docker.from_env(timeout=timeout)  # asks GET /version: the API it speaks
         except _FAILURES as exc:
             raise _failure(exc, address, timeout, "GET /version", connecting=True) from exc
+        # The engine is reached as DOCKER_HOST, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH say, not
+        # through a proxy or against a CA bundle that the environment names for the web.
+        client.api.trust_env = False
         engine = cls(client, address=address, timeout=timeout)
         try:
             engine._ping()
@@ -258,23 +291,35 @@ class DockerEngine:
             api_version=str(version.get("ApiVersion", "")),
             rootless=any("rootless" in option for option in security),
             address=self._address,
+            name=str(info.get("Name", "")),
         )
 
-    def builders(self) -> dict[str, str]:
-        """CLASSIC and BUILDKIT, each with "" where it works with this engine, else why not."""
+    def builder_problem(self, builder: str) -> str:
+        """ "" when `builder` works with this engine, else why not and what to use instead."""
         facts = self.describe()
+        if builder == CLASSIC:
+            return self._classic_problem(facts)
         if facts.kind == "Podman":
-            kit = (
+            return (
                 "Podman's Docker API has no BuildKit (Podman builds with Buildah); "
                 "use --builder classic"
             )
-        else:
+        return self._buildkit_works()
+
+    def _buildkit_works(self) -> str:
+        """ "" when BuildKit builds on this engine (an empty build, once), else why not."""
+        if self._buildkit_problem is None:
             client, why = self._find_buildkit_client()
-            kit = "" if client is not None else (
-                f"no docker client here builds with BuildKit ({why}); install Debian's docker.io "
-                f"(its 20.10 client), or docker-buildx, or name one in {buildkit.CLIENT_ENV}"
-            )  # fmt: skip
-        return {BUILDKIT: kit, CLASSIC: self._classic_problem(facts)}
+            if client is None:
+                self._buildkit_problem = (
+                    f"no docker client here builds with BuildKit ({why}); install Debian's "
+                    f"docker.io (its 20.10 client), or docker-buildx, or name one in "
+                    f"{buildkit.CLIENT_ENV}"
+                )
+            else:
+                engine = f"the Docker engine at {printable(self._address, 120)}"
+                self._buildkit_problem = buildkit.probe(client, engine)
+        return self._buildkit_problem
 
     def _find_buildkit_client(self) -> tuple[buildkit.Client | None, str]:
         if self._buildkit_client is None:
@@ -284,29 +329,21 @@ class DockerEngine:
     def _classic_problem(self, facts: EngineInfo) -> str:
         """Why the classic builder cannot build here, or "": it serves the build's inputs from
         this host on the gateway of the engine's bridge, which only an engine on this host, with
-        its networks in this host's namespace, reaches."""
+        its networks in this host's namespace, reaches. An engine over TCP is on this host when
+        it is reached on a loopback address and names this host (a docker:dind container
+        published on a loopback port names its container)."""
         engine = f"the {facts.kind} engine at {printable(self._address, 120)}"
-        use = "use --builder buildkit"
+        serves = "the classic builder serves the build's inputs from this host, which"
         if facts.rootless:
             return (
-                f"the classic builder serves the build's inputs from this host, which {engine} "
-                f"does not reach: it is rootless, its networks live in rootlesskit's namespace; {use}"
+                f"{serves} {engine} does not reach: it is rootless, its networks live in "
+                "rootlesskit's namespace; use --builder buildkit"
             )
-        if not self._address.startswith("unix://"):
+        if not self._address.startswith("unix://") and not (
+            _loopback(self._address) and facts.name == socket.gethostname()
+        ):
             return (
-                f"the classic builder serves the build's inputs from this host, which {engine} "
-                f"does not reach: it is not on this host; {use}"
-            )
-        gateway = self.bridge_gateway()
-        family = socket.AF_INET6 if ":" in gateway else socket.AF_INET
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.bind((gateway, 0))
-        except OSError as exc:
-            return (
-                f"the classic builder serves the build's inputs from this host on {gateway}, the "
-                f"gateway of {engine}'s bridge, which is not an address of this host "
-                f"({exc.strerror}: the engine runs in a VM or another namespace); {use}"
+                f"{serves} {engine} does not reach: it is not on this host; use --builder buildkit"
             )
         return ""
 
@@ -361,7 +398,8 @@ class DockerEngine:
                 msg = f"--builder buildkit: no docker client here builds with BuildKit ({why})"
                 raise BadInput(msg)
             return buildkit.build(
-                client, context_dir, tag=tag, labels=labels, build_args=build_args,
+                client, context_dir, engine=f"the Docker engine at {printable(self._address, 120)}",
+                tag=tag, labels=labels, build_args=build_args,
                 secrets=secrets or {}, on_line=on_line, network=network, target=target,
                 no_cache=no_cache,
             )  # fmt: skip
@@ -817,6 +855,14 @@ def _failure(
         return EngineFailed(
             f"{engine} did not answer {request} within {timeout:g} s; check that it is not hung "
             f"or overloaded (`docker info`), or set {TIMEOUT_ENV} to more seconds"
+        )
+    if _found(exc, (ssl.SSLError, requests.exceptions.SSLError)):
+        inner = [e for e in _causes(exc) if isinstance(e, ssl.SSLError)]
+        reason = printable(str(inner[-1] if inner else exc), 200)
+        return EngineFailed(
+            f"TLS with {engine} failed during {request} ({reason}); check DOCKER_CERT_PATH "
+            "(ca.pem, cert.pem, key.pem of a client certificate the engine trusts) and "
+            "DOCKER_TLS_VERIFY"
         )
     if connecting and _found(exc, _REFUSED):
         return EngineFailed(

@@ -37,6 +37,7 @@ class EngineInfo:
     api_version: str = ""
     rootless: bool = False
     address: str = ""  # as the user names it: DOCKER_HOST, or the default socket
+    name: str = ""  # the engine's host name, as its info says
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,9 +100,9 @@ class Engine(Protocol):
         the cache key. `secrets` (BuildKit only): id -> file, for `RUN --mount=type=secret`."""
         ...
 
-    def builders(self) -> dict[str, str]:
-        """CLASSIC and BUILDKIT, each with "" where it works with this engine, else one line
-        saying why not and what to use instead."""
+    def builder_problem(self, builder: str) -> str:
+        """ "" when `builder` (CLASSIC or BUILDKIT) works with this engine, else one line saying
+        why not and what to use instead."""
         ...
 
     def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
@@ -155,19 +156,21 @@ class Engine(Protocol):
 def choose_builder(engine: Engine, wanted: str) -> str:
     """The builder to use: `wanted`, or for AUTO BuildKit where it works, else the classic one;
     BadInput (one line naming the engine and what to use instead) when it cannot work here."""
-    support = engine.builders()
     if wanted == AUTO:
-        usable = [name for name in (BUILDKIT, CLASSIC) if not support.get(name)]
-        if usable:
-            return usable[0]
-        why = "; ".join(f"{name}: {support[name]}" for name in (BUILDKIT, CLASSIC))
-        msg = f"no builder works with this engine ({why})"
+        problems: list[str] = []
+        for name in (BUILDKIT, CLASSIC):
+            problem = engine.builder_problem(name)
+            if not problem:
+                return name
+            problems.append(f"{name}: {problem}")
+        msg = f"no builder works with this engine ({'; '.join(problems)})"
         raise BadInput(msg)
     if wanted not in (BUILDKIT, CLASSIC):
         msg = f"--builder {wanted}: choose {AUTO}, {BUILDKIT} or {CLASSIC}"
         raise BadInput(msg)
-    if support.get(wanted):
-        msg = f"--builder {wanted}: {support[wanted]}"
+    problem = engine.builder_problem(wanted)
+    if problem:
+        msg = f"--builder {wanted}: {problem}"
         raise BadInput(msg)
     return wanted
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.core.errors import EngineUnavailable
-from envbuild.core.models import CPU, Fleet, Gpu, Knowledge, Selection
+from envbuild.core.models import BUILDKIT, CLASSIC, CPU, Fleet, Gpu, Knowledge, Selection
 from envbuild.core.versions import version_sort_key
 from envbuild.engine.interface import connect
 from envbuild.host.probes import GpuProbe, bytes_free, probe_gpus, shm_bytes
@@ -73,18 +73,30 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
     """Check the engine, GPUs, shared memory and disk; plan the matrix for this host."""
     engine_report: dict[str, Any]
     root = "/var/lib/docker"
+    local = True
     try:
-        info = connect().describe()
+        engine = connect()
+        info = engine.describe()
+        builders = {name: engine.builder_problem(name) for name in (BUILDKIT, CLASSIC)}
     except EngineUnavailable as exc:
         engine_report = {"reachable": False, "error": exc.message}
     else:
         root = info.root_dir or root
+        local = info.address.startswith("unix://")  # tcp:// and ssh:// name another host
         engine_report = {
             "reachable": True,
+            "kind": info.kind,
+            "address": info.address,
             "version": info.version,
+            "api_version": info.api_version,
+            "rootless": info.rootless,
             "runtimes": list(info.runtimes),
             "nvidia_runtime": "nvidia" in info.runtimes,
             "cdi_spec_dirs": list(info.cdi_spec_dirs),
+            "builders": {
+                name: {"works": not why, "why_not": why} for name, why in builders.items()
+            },
+            "needs": _needs(builders, "nvidia" in info.runtimes),
         }
     gpu = probe_gpus()
     warnings = [
@@ -96,7 +108,8 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
         warnings.append(
             "the engine has no NVIDIA runtime: containers cannot get GPUs (install nvidia-container-toolkit)"
         )
-    disk_path = root if Path(root).exists() else "/"
+    # A remote engine's disk is not this host's: say nothing rather than the wrong figure.
+    disk_path = (root if Path(root).exists() else "/") if local else ""
     fleet_gpus: list[Gpu] = []
     for g in gpu.gpus:
         known = find_gpu(knowledge, g.name)
@@ -123,13 +136,32 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
         engine=engine_report,
         gpu=gpu,
         shm_bytes=shm_bytes(),
-        disk_free_bytes=bytes_free(disk_path),
+        disk_free_bytes=bytes_free(disk_path) if disk_path else None,
         disk_path=disk_path,
         newest_cuda=newest_cuda(knowledge, gpu.driver),
         runnable=tuple(runnable),
         not_runnable=tuple(not_runnable),
         warnings=tuple(warnings),
     )
+
+
+def _needs(builders: dict[str, str], nvidia: bool) -> dict[str, str]:
+    """Whether each of envbuild's needs is met with this engine, and how (or why not)."""
+    kit, classic = not builders[BUILDKIT], not builders[CLASSIC]
+    return {
+        "secrets": (
+            "yes: BuildKit secret mounts" if kit
+            else "yes: served from this host during the build" if classic
+            else "no builder works here"
+        ),
+        "package_cache": "yes: a BuildKit cache mount" if kit else "no: needs BuildKit",
+        "offline_network": (
+            "yes: BuildKit's --network=none" if kit
+            else "yes: an internal network reaching only this host" if classic
+            else "no builder works here"
+        ),
+        "gpus": "yes: the NVIDIA runtime" if nvidia else "no: install nvidia-container-toolkit",
+    }  # fmt: skip
 
 
 def _gb(value: int | None) -> str:
@@ -139,12 +171,19 @@ def _gb(value: int | None) -> str:
 def report_lines(report: HostReport) -> list[str]:
     """The report as the terminal shows it."""
     engine = report.engine
-    lines = ["Docker engine:"]
+    lines = ["Container engine:"]
     if engine["reachable"]:
         runtime = "yes" if engine["nvidia_runtime"] else "no"
+        rootless = ", rootless" if engine["rootless"] else ""
         lines.append(
-            f"  reachable, version {engine['version']}; NVIDIA runtime: {runtime}; runtimes: {', '.join(engine['runtimes'])}"
+            f"  {engine['kind']}{rootless} at {engine['address']}, version {engine['version']} "
+            f"(API {engine['api_version']}); NVIDIA runtime: {runtime}; "
+            f"runtimes: {', '.join(engine['runtimes'])}"
         )
+        for name, builder in engine["builders"].items():
+            said = "works" if builder["works"] else f"not here: {builder['why_not']}"
+            lines.append(f"  builder {name}: {said}")
+        lines += [f"  {need.replace('_', ' ')}: {how}" for need, how in engine["needs"].items()]
     else:
         lines.append(f"  NOT reachable: {engine['error']}")
     lines.append("NVIDIA driver and GPUs:")
@@ -163,9 +202,12 @@ def report_lines(report: HostReport) -> list[str]:
     lines.append(
         f"Shared memory: /dev/shm {_gb(report.shm_bytes)} on the host; smoke containers get {CONTAINER_SHM}"
     )
-    lines.append(
-        f"Disk: {_gb(report.disk_free_bytes)} free at {report.disk_path} (a CUDA torch image takes ~6 GB)"
-    )
+    if report.disk_path:
+        lines.append(
+            f"Disk: {_gb(report.disk_free_bytes)} free at {report.disk_path} (a CUDA torch image takes ~6 GB)"
+        )
+    else:
+        lines.append("Disk: the engine is not on this host; its free space is not measured here")
     lines.append(f"This host can run {len(report.runnable)} of the matrix's entries:")
     lines += [f"  {entry_id}" for entry_id in report.runnable]
     if report.not_runnable:

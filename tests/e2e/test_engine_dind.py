@@ -137,18 +137,22 @@ def test_buildkit_secret_reaches_the_run_and_nothing_else(
 
 def test_doctor_names_the_dind_engine(dind: DindEngine, tmp_path: Path) -> None:
     version = dind.client.version()["Version"]
-    found = envbuild_cli(dind.env, "doctor", "--json", drop=CA_OVERRIDES, timeout=300)
+    found = envbuild_cli(dind.env, "doctor", "--json", timeout=300)
     assert found.returncode == 0, found.stdout + found.stderr
     engine = json.loads(found.stdout)["engine"]
     assert engine["reachable"] is True
     assert engine["version"] == version
+    assert (engine["kind"], engine["address"]) == ("Docker", dind.env["DOCKER_HOST"])
+    assert engine["builders"]["buildkit"]["works"] is True  # an empty build, through TLS
+    assert "not on this host" in engine["builders"]["classic"]["why_not"]
+    assert json.loads(found.stdout)["disk"]["path"] == ""  # not this host's disk
 
     # The same with a client certificate the engine refuses: doctor went where DOCKER_HOST
     # says (the answer above was the dind engine's), and its line names the address.
     other = make_certs(tmp_path / "other", ca_name="another CA")
     shutil.copy(dind.certs.client / "ca.pem", other.client / "ca.pem")
     refused = envbuild_cli(
-        {**dind.env, "DOCKER_CERT_PATH": str(other.client)}, "doctor", drop=CA_OVERRIDES,
+        {**dind.env, "DOCKER_CERT_PATH": str(other.client)}, "doctor",
         timeout=300,
     )  # fmt: skip
     assert refused.returncode == 3, refused.stdout + refused.stderr
@@ -157,11 +161,6 @@ def test_doctor_names_the_dind_engine(dind: DindEngine, tmp_path: Path) -> None:
     assert "Traceback" not in refused.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docker-py lets REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE replace DOCKER_CERT_PATH's CA "
-    "(docker-py issues #2433, #2598): envbuild's connect() must keep the engine's CA",
-)
 def test_doctor_reaches_the_dind_engine_with_a_proxy_ca_bundle_set(
     dind: DindEngine, ca_bundle: Path
 ) -> None:
@@ -178,7 +177,7 @@ def test_torch_cpu_builds_and_passes_its_smoke_test_on_the_dind_engine(
     index password and the wheelhouse reach the install step, and the password nothing else."""
     report = tmp_path / "r.json"
     args = [*torch_cpu_args(base_image, wheelhouse, ca_bundle, report), "--builder", "buildkit"]
-    built = envbuild_cli(dind.env, *args, drop=CA_OVERRIDES)
+    built = envbuild_cli(dind.env, *args)
     output = built.stdout + built.stderr
     assert built.returncode == 0, output[-3000:]
     (result,) = json.loads(report.read_text())["results"]

@@ -169,6 +169,10 @@ def test_doctor_answers_through_the_rootless_engine(rootless_docker: RootlessEng
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["engine"]["reachable"], report["engine"]
+    assert report["engine"]["rootless"] is True
+    assert report["engine"]["builders"]["buildkit"]["works"] is True
+    assert "rootless" in report["engine"]["builders"]["classic"]["why_not"]
+    assert report["engine"]["needs"]["secrets"] == "yes: BuildKit secret mounts"
     # The disk doctor measures is the engine's root: this engine's, not the host's rootful one.
     assert report["disk"]["path"] == str(rootless_docker.folder / "data")
 

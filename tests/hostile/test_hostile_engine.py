@@ -74,12 +74,18 @@ class Command:
     missing: tuple[str, ...] = ()
     registry: bool = False  # "{registry}" in argv: a registry that holds nothing
     vetted: bool = False  # IMAGE has passed a smoke test (publish needs it)
+    # What the docker client asks (doctor's BuildKit probe), not envbuild: outside this corpus.
+    client: frozenset[str] = frozenset()
 
     def __str__(self) -> str:
         return self.name
 
 
 CONNECT = ("GET /version", "GET /_ping")
+# The corpus is of the engine's API answers, which the classic builder reads (BuildKit's come to
+# the docker client); which builder works is asked of the engine's info.
+CLASSIC = ("--builder", "classic")
+BUILDERS = ("GET /info",)
 LEFTOVERS = ("GET /containers/json", "GET /containers/{id}/json", "DELETE /containers/{id}")
 RUN = ("POST /containers/create", "POST /containers/{id}/start", "POST /containers/{id}/wait",
        "GET /containers/{id}/logs", "GET /containers/{id}/json", "DELETE /containers/{id}")  # fmt: skip
@@ -92,24 +98,24 @@ PUSH = ("POST /images/{name}/tag", "POST /images/{name}/push", "DELETE /images/{
 COMMANDS = (
     Command(
         "build",
-        ("build", "--no-smoke", *ONE_ENTRY),
+        ("build", "--no-smoke", *ONE_ENTRY, *CLASSIC),
         0,
-        frozenset((*CONNECT, *LEFTOVERS, *IMAGES, *RUN, *BUILD)),
+        frozenset((*CONNECT, *BUILDERS, *LEFTOVERS, *IMAGES, *RUN, *BUILD)),
         entry=frozenset(BUILD),
     ),
     Command(
         "build-pulling",
-        ("build", "--no-smoke", *ONE_ENTRY, "--base-image", MISSING_BASE),
+        ("build", "--no-smoke", *ONE_ENTRY, *CLASSIC, "--base-image", MISSING_BASE),
         0,
-        frozenset((*CONNECT, *LEFTOVERS, *IMAGES, "POST /images/create", *RUN, *BUILD)),
+        frozenset((*CONNECT, *BUILDERS, *LEFTOVERS, *IMAGES, "POST /images/create", *RUN, *BUILD)),
         entry=frozenset(BUILD),
         missing=(MISSING_BASE,),
     ),
     Command(
         "build-offline",
-        ("build", "--no-smoke", *ONE_ENTRY, "--offline", "--wheelhouse", "{wheelhouse}"),
+        ("build", "--no-smoke", *ONE_ENTRY, *CLASSIC, "--offline", "--wheelhouse", "{wheelhouse}"),
         0,
-        frozenset((*CONNECT, *LEFTOVERS, *IMAGES, *RUN, *BUILD, *OFFLINE)),
+        frozenset((*CONNECT, *BUILDERS, *LEFTOVERS, *IMAGES, *RUN, *BUILD, *OFFLINE)),
         entry=frozenset((*BUILD, *OFFLINE)),
     ),
     Command(
@@ -132,7 +138,13 @@ COMMANDS = (
         EXIT_FAILED,
         frozenset((*CONNECT, *LEFTOVERS, "GET /info", *IMAGES, *RUN, *PAYLOAD)),
     ),
-    Command("doctor", ("doctor",), 0, frozenset((*CONNECT, "GET /info"))),
+    Command(
+        "doctor",
+        ("doctor",),
+        0,
+        frozenset((*CONNECT, "GET /info")),
+        client=frozenset(("? POST /session", "POST /build")),
+    ),
     Command(
         "base bootstrap", ("base", "bootstrap", "--tag", IMAGE), 0, frozenset((*CONNECT, *IMAGES))
     ),
@@ -337,7 +349,7 @@ def test_each_command_asks_what_its_cases_break(command: Command, tmp_path: Path
         ran = run(command, tmp_path, engine)
     ended_cleanly(ran)
     assert ran.result.returncode == command.baseline, ran.result.stderr[-3000:]
-    assert set(engine.asked()) == command.reaches
+    assert set(engine.asked()) - command.client == command.reaches
     assert engine.left_behind() == []
 
 
@@ -375,3 +387,24 @@ def test_a_bad_engine_timeout_is_one_line(value: str, tmp_path: Path) -> None:
     assert TIMEOUT_ENV in result.stderr
     assert "\x1b" not in result.stderr
     assert engine.asked() == []  # refused before the engine was asked anything
+
+
+def test_an_engine_without_buildkit_is_named_in_one_line_with_the_builder_to_use(
+    tmp_path: Path,
+) -> None:
+    """The docker client's BuildKit session is refused (the engine answers 404, as an engine or
+    proxy that serves only the classic API does): one line, exit 2, naming the engine."""
+    command = Command(
+        "build-buildkit", ("build", "--no-smoke", *ONE_ENTRY, "--builder", "buildkit"), 0,
+        frozenset(),
+    )  # fmt: skip
+    with HostileEngine() as engine:
+        ran = run(command, tmp_path, engine)
+    ended_cleanly(ran)
+    assert "POST /session" in [f"{s.method} {s.path.split('?')[0]}" for s in engine.seen]
+    assert ran.result.returncode == EXIT_BAD_INPUT, ran.result.stderr[-3000:]
+    named = [line for line in ran.lines if engine.docker_host in line]
+    assert len(named) >= 1, ran.lines[-20:]
+    assert all("serves no BuildKit session" in line for line in named), named
+    assert all(line.endswith("use --builder classic") for line in named), named
+    assert engine.left_behind() == []

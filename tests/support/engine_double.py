@@ -78,7 +78,7 @@ class InMemoryEngine:
     pushes: list[tuple[str, str]] = field(default_factory=list)  # (image id, reference)
     probes: list[str] = field(default_factory=list)
     gateway: str = "127.0.0.1"  # where envbuild's build server listens during a build
-    # builder -> "" where it works with this engine, else why not (Engine.builders).
+    # builder -> "" where it works with this engine, else why not (Engine.builder_problem).
     support: dict[str, str] = field(default_factory=lambda: {BUILDKIT: "", CLASSIC: ""})
     # Called with the build arguments while a build runs, as its RUN steps would run then.
     during_build: Callable[[dict[str, str]], None] | None = None
@@ -123,8 +123,8 @@ class InMemoryEngine:
     def has_nvidia_runtime(self) -> bool:
         return self.nvidia
 
-    def builders(self) -> dict[str, str]:
-        return dict(self.support)
+    def builder_problem(self, builder: str) -> str:
+        return self.support[builder]
 
     def image(self, ref: str) -> ImageInfo | None:
         with self._lock:

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import re
+import socket
 import struct
 import threading
 import urllib.parse
@@ -231,6 +232,7 @@ class HostileEngine:
             "GET /info": lambda: _json(
                 {
                     "ServerVersion": "20.10.24",
+                    "Name": socket.gethostname(),  # an engine on this host, as Docker says it
                     "Runtimes": {"runc": {"path": "runc"}},
                     "DockerRootDir": "/var/lib/docker",
                     "CDISpecDirs": [],

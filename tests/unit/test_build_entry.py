@@ -14,11 +14,21 @@ from pathlib import Path
 import pytest
 
 from envbuild.build.entry import build_entry, prepare
-from envbuild.core.errors import BuildFailed
-from envbuild.core.models import HASH_LABEL, BuildContext, BuildOptions, Knowledge, Lock, Selection
+from envbuild.core.errors import BadInput, BuildFailed
+from envbuild.core.models import (
+    AUTO,
+    BUILDKIT,
+    CLASSIC,
+    HASH_LABEL,
+    BuildContext,
+    BuildOptions,
+    Knowledge,
+    Lock,
+    Selection,
+)
 from envbuild.core.store import ResultStore
 from envbuild.engine.docker_engine import DockerEngine
-from envbuild.engine.interface import Engine
+from envbuild.engine.interface import Engine, choose_builder
 from envbuild.plan.matrix import default_matrix_path, load_matrix, make_plan
 from tests.support.engine_double import InMemoryEngine
 
@@ -266,3 +276,84 @@ def test_a_record_naming_an_image_without_the_content_hash_is_not_trusted(
     tagged = double.image(context.entry.image)
     assert tagged is not None
     assert tagged.id == built.id
+
+
+def test_with_buildkit_the_secrets_are_secret_files_and_uv_and_the_wheels_are_in_the_context(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nteam CA\n")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "jax-0.10.2-py3-none-any.whl").write_bytes(b"w")
+    (wheels / "flax-0.1-py3-none-any.whl").write_bytes(b"not in the lock")
+    options = BuildOptions(
+        index_url="https://ci:hunter3-pw@mirror.example/simple", ca_bundle=ca, wheelhouse=wheels,
+        builder=BUILDKIT,
+    )  # fmt: skip
+    context = context_for(double, knowledge, options)
+    build_entry(double, context, store=store)
+
+    (build,) = double.builds
+    assert build.builder == BUILDKIT
+    assert build.build_args == {}  # nothing served: no URL in the history
+    config = json.loads(build.secrets["envbuild-config"])
+    assert config["index_url"] == options.index_url
+    assert build.secrets["envbuild-ca"] == ca.read_bytes()
+    assert "envbuild-inputs/uv" in build.files
+    assert "envbuild-inputs/wheels/jax-0.10.2-py3-none-any.whl" in build.files
+    assert "envbuild-inputs/wheels/flax-0.1-py3-none-any.whl" not in build.files
+    assert not [f for f in build.files if "config" in f or f.endswith(("ca.crt", ".pem"))]
+    assert "hunter3-pw" not in build.dockerfile
+    assert "--mount=type=secret,id=envbuild-config" in build.dockerfile
+    assert "ARG ENVBUILD_SERVE" not in build.dockerfile
+    assert not list(tmp_path.glob("**/config.json"))  # the secret files left with the build
+
+
+def test_a_ca_bundle_over_buildkits_secret_limit_is_bound_from_the_context(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\n" + b"A" * (600 * 1024))
+    options = BuildOptions(ca_bundle=ca, builder=BUILDKIT)
+    build_entry(double, context_for(double, knowledge, options), store=store)
+    (build,) = double.builds
+    assert "envbuild-ca" not in build.secrets
+    assert "envbuild-inputs/ca.crt" in build.files
+
+
+def test_an_offline_build_from_a_base_without_python_is_refused_before_it_starts(
+    double: InMemoryEngine, knowledge: Knowledge
+) -> None:
+    chosen = Selection(framework="jax", cuda="cpu")
+    (entry,) = make_plan(knowledge, load_matrix(default_matrix_path(), knowledge), chosen).entries
+    double.add_base(entry.base_image, python=None)
+    lock = Lock(entry_id=entry.id, text="jax==0.10.2 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(BadInput, match=r"--offline: base image .* has no python3"):
+        prepare(double, knowledge, entry, BuildOptions(offline=True), None, lock)
+    assert double.builds == []
+
+
+@pytest.mark.parametrize(
+    ("support", "wanted", "chosen"),
+    [
+        ({BUILDKIT: "", CLASSIC: ""}, AUTO, BUILDKIT),
+        ({BUILDKIT: "no client", CLASSIC: ""}, AUTO, CLASSIC),
+        ({BUILDKIT: "", CLASSIC: "remote"}, AUTO, BUILDKIT),
+        ({BUILDKIT: "", CLASSIC: ""}, CLASSIC, CLASSIC),
+    ],
+)
+def test_the_builder_is_the_one_asked_for_or_buildkit_where_it_works(
+    support: dict[str, str], wanted: str, chosen: str
+) -> None:
+    assert choose_builder(InMemoryEngine(support=support), wanted) == chosen
+
+
+@pytest.mark.parametrize("wanted", [AUTO, CLASSIC, BUILDKIT])
+def test_a_builder_that_cannot_work_is_one_line_naming_why(wanted: str) -> None:
+    engine = InMemoryEngine(support={BUILDKIT: "no client here", CLASSIC: "it is rootless"})
+    with pytest.raises(BadInput) as refused:
+        choose_builder(engine, wanted)
+    assert "\n" not in refused.value.message
+    assert ("no client here" in refused.value.message) == (wanted != CLASSIC)
+    assert ("it is rootless" in refused.value.message) == (wanted != BUILDKIT)

@@ -4,13 +4,14 @@ driver is the integration tier's job; nothing here fakes one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from envbuild.core.models import Knowledge
 from envbuild.host import probes
-from envbuild.host.doctor import CONTAINER_SHM, HostReport, newest_cuda, report_lines
+from envbuild.host.doctor import CONTAINER_SHM, HostReport, _needs, newest_cuda, report_lines
 from envbuild.host.probes import GpuInfo, GpuProbe
 
 GIB = 1024**3
@@ -40,10 +41,19 @@ def test_no_driver_or_an_unreadable_one_runs_no_cuda(
     assert newest_cuda(knowledge, driver) == {"full": None, "minor_version_compatible": None}
 
 
-def host_report(*, gpus: tuple[GpuInfo, ...], engine_up: bool) -> HostReport:
+KIT_MISSING = "no docker client here builds with BuildKit (...)"
+
+
+def host_report(
+    *, gpus: tuple[GpuInfo, ...], engine_up: bool, builders: dict[str, str] | None = None
+) -> HostReport:
+    builders = builders if builders is not None else {"buildkit": "", "classic": ""}
     engine = (
-        {"reachable": True, "version": "27.5.1", "runtimes": ["runc", "nvidia"],
-         "nvidia_runtime": True, "cdi_spec_dirs": []}
+        {"reachable": True, "kind": "Docker", "address": "unix:///var/run/docker.sock",
+         "version": "27.5.1", "api_version": "1.47", "rootless": False,
+         "runtimes": ["runc", "nvidia"], "nvidia_runtime": True, "cdi_spec_dirs": [],
+         "builders": {n: {"works": not why, "why_not": why} for n, why in builders.items()},
+         "needs": _needs(builders, nvidia=True)}
         if engine_up
         else {"reachable": False, "error": "cannot connect to the Docker engine; start dockerd"}
     )  # fmt: skip
@@ -73,7 +83,7 @@ def test_a_cpu_host_without_an_engine_is_reported_plainly() -> None:
     lines = report_lines(host_report(gpus=(), engine_up=False))
 
     assert lines[:2] == [
-        "Docker engine:",
+        "Container engine:",
         "  NOT reachable: cannot connect to the Docker engine; start dockerd",
     ]
     assert "  no NVIDIA GPU found; images still build and smoke-test on the CPU" in lines
@@ -98,7 +108,16 @@ def test_a_cpu_host_without_an_engine_is_reported_plainly() -> None:
 def test_a_gpu_host_lists_its_driver_gpus_and_cuda() -> None:
     lines = report_lines(host_report(gpus=(H100,), engine_up=True))
 
-    assert lines[1] == ("  reachable, version 27.5.1; NVIDIA runtime: yes; runtimes: runc, nvidia")
+    assert lines[1:8] == [
+        "  Docker at unix:///var/run/docker.sock, version 27.5.1 (API 1.47); NVIDIA runtime: yes; "
+        "runtimes: runc, nvidia",
+        "  builder buildkit: works",
+        "  builder classic: works",
+        "  secrets: yes: BuildKit secret mounts",
+        "  package cache: yes: a BuildKit cache mount",
+        "  offline network: yes: BuildKit's --network=none",
+        "  gpus: yes: the NVIDIA runtime",
+    ]
     assert "  driver 535.104.05 (1 GPU(s) via nvidia-smi)" in lines
     assert "  GPU 0: NVIDIA H100 80GB HBM3, 85.5 GB, compute capability 9.0" in lines
     assert "  newest CUDA: 12.2 fully, 12.x by minor-version compatibility" in lines
@@ -152,3 +171,33 @@ def test_nvidia_smi_output_is_read_without_a_traceback(
     assert [g.memory_bytes for g in gpus] == memory
     assert unread == skipped
     assert (driver is None) == (not names)
+
+
+def test_an_engine_without_buildkit_says_what_the_classic_builder_gives_and_what_it_lacks() -> None:
+    report = host_report(gpus=(), engine_up=True, builders={"buildkit": KIT_MISSING, "classic": ""})
+    lines = report_lines(report)
+
+    assert f"  builder buildkit: not here: {KIT_MISSING}" in lines
+    assert "  secrets: yes: served from this host during the build" in lines
+    assert "  package cache: no: needs BuildKit" in lines
+    assert "  offline network: yes: an internal network reaching only this host" in lines
+    assert report.as_dict()["engine"]["builders"]["buildkit"] == {
+        "works": False, "why_not": KIT_MISSING,
+    }  # fmt: skip
+
+
+def test_no_builder_at_all_is_said_for_each_need() -> None:
+    builders = {"buildkit": KIT_MISSING, "classic": "the engine is rootless; use buildkit"}
+    needs = _needs(builders, nvidia=False)
+
+    assert needs["secrets"] == needs["offline_network"] == "no builder works here"
+    assert needs["gpus"] == "no: install nvidia-container-toolkit"
+
+
+def test_a_remote_engine_has_no_disk_figure_from_this_host() -> None:
+    report = dataclasses.replace(
+        host_report(gpus=(), engine_up=True), disk_path="", disk_free_bytes=None
+    )
+    assert "Disk: the engine is not on this host; its free space is not measured here" in (
+        report_lines(report)
+    )
