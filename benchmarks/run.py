@@ -44,7 +44,7 @@ CPU_MATRIX = REPO / "matrices" / "examples" / "cpu.yaml"
 DATA_ROOT = "/var/lib/docker"
 # Both sides build with the classic builder: envbuild drives the engine's API, which has no
 # BuildKit; a docker client that defaults to BuildKit would compare two builders.
-CLASSIC = {**os.environ, "DOCKER_BUILDKIT": "0"}
+CLASSIC = {**os.environ, "DOCKER_BUILDKIT": "0", "ENVBUILD_BUILDER": "classic"}
 
 # What a user writes by hand. The OS packages' RUN without the compiler is the older reference;
 # with it, the line is templates/partials/python.j2's (the same packages, the same clean-up).

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -137,18 +139,25 @@ def build_entry(
     logs = log_dir()
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{entry.id}.log"
-    with log_path.open("w", encoding="utf-8", buffering=1) as log_file:
+    # Written aside and moved into place when the build ends: two runs building the same entry
+    # on one machine (parallel CI jobs) each leave a whole log, never one interleaved.
+    writing = logs / f".{entry.id}.{run_id()}.{threading.get_ident()}.log"
+    try:
+        with writing.open("w", encoding="utf-8", buffering=1) as log_file:
 
-        def record(line: str) -> None:
-            line = redact(line)
-            log_file.write(line + "\n")
-            on_line(line)
+            def record(line: str) -> None:
+                line = redact(line)
+                log_file.write(line + "\n")
+                on_line(line)
 
-        try:
-            image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
-        except BuildFailed as exc:
-            msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
-            raise BuildFailed(msg) from exc
+            try:
+                image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
+            except BuildFailed as exc:
+                msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
+                raise BuildFailed(msg) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            writing.replace(log_path)
     store.record_built(context.content_hash, entry.id, entry.image, image_id)
     store.record_provenance(image_id, _build_facts(engine, context, started))
     return BuiltImage(

@@ -30,6 +30,7 @@ from envbuild.knowledge.load import load_knowledge
 from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 from tests.support.docker_support import (
     compile_lock,
+    derive,
     envbuild,
     needles_in_layers,
     output_of,
@@ -41,11 +42,24 @@ from tests.support.lock_support import fresh_lock, the_entry
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(scope="module")
+def python_base(
+    docker_client: docker.DockerClient, base_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The bare base with Debian's python3, as `base bootstrap --with-python` makes one."""
+    apt = "apt-get install -y --no-install-recommends python3 python3-venv python3-pip-whl"
+    return derive(
+        docker_client, tmp_path_factory.mktemp("python-base"), "envbuild-test/base:python",
+        f"FROM {base_image}\nRUN apt-get update && {apt} && rm -rf /var/lib/apt/lists/*\n", {},
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("builder", [CLASSIC, BUILDKIT])
 def test_no_output_of_a_failed_build_holds_the_index_password(
     builder: str,
     docker_client: docker.DockerClient,
     torch_cpu_build: object,
+    python_base: str,
     base_image: str,
     wheelhouse: Path,
     ca_bundle: Path,
@@ -57,15 +71,15 @@ def test_no_output_of_a_failed_build_holds_the_index_password(
     report, junit, summary = tmp_path / "r.json", tmp_path / "j.xml", tmp_path / "summary.md"
     args = torch_cpu_args(base_image, wheelhouse, ca_bundle, report)
     index = args.index("--index-url")
-    args[index + 1] = f"https://team:{password}@127.0.0.1:9/simple"
     repository = args.index("--repository")
     args[repository + 1] = "envbuild-test/secrets-{framework}"
-    # A lock whose torch hash no wheel has and indexes that refuse connections: the install
-    # fails at once, with both passwords in its config (served, or a BuildKit secret), never in
-    # the build's request or its history. (Not --offline: a base without python3 would then
-    # wait on apt-get for many minutes without the OS + Python stage in the builder's cache.)
+    # --offline, and a lock whose torch hash no wheel has: the install fails at once; the index
+    # settings travel only through envbuild's build server or a secret, never in the build's
+    # request. An offline build needs a base that brings python3.
+    args[index + 1] = f"https://team:{password}@127.0.0.1:9/simple"
+    args[args.index("--base-image") + 1] = python_base
     extra = f"https://bot:{extra_password}@127.0.0.1:9/extra"
-    args += ["--no-smoke", "--junit", str(junit), "--extra-index-url", extra]
+    args += ["--offline", "--no-smoke", "--junit", str(junit), "--extra-index-url", extra]
     args += ["--builder", builder]
     knowledge = load_knowledge()
     entry = the_entry(

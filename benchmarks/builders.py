@@ -1,0 +1,128 @@
+"""Issue 23's figures: BuildKit beside the classic builder, BuildKit's kept cache, a remote engine.
+
+Run on a host set up by scripts/host-setup.sh (engine, .venv, ./wheelhouse, a bookworm base):
+
+    .venv/bin/python benchmarks/builders.py [--base-image envbuild/base:bookworm] [--no-dind]
+
+It builds the torch 2.13.0 CPU entry (torch from ./wheelhouse, the rest from PyPI through the CA
+bundle, as the tests do) and prints one table:
+
+- cold, `--no-cache`, with `--builder classic` and with `--builder buildkit` (BuildKit starts its
+  cache mount afresh under --no-cache: measured here, so the BuildKit figure is truly cold);
+- with BuildKit, the same entry with one small package of the team's (`six`) built warm, then
+  rebuilt after that package is bumped in the lock (the framework unchanged), beside the cold
+  build of the same entry;
+- the cold BuildKit build on a docker:dind engine (tests/support/dind_engine.py: dockerd in a
+  container, TLS on a loopback port), beside the same on the local engine.
+
+Each figure is one build (say how many you ran when you quote one). The images it makes are
+labelled or tagged under envbuild-bench/ and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ENVBUILD = [sys.executable, "-m", "envbuild"]
+REPOSITORY = "envbuild-bench/{framework}"
+ENTRY = [
+    "--framework",
+    "torch",
+    "--framework-version",
+    "2.13.0",
+    "--cuda",
+    "cpu",
+    "--python",
+    "3.11",
+]
+
+
+def envbuild(args: list[str], env: dict[str, str] | None = None) -> float:
+    """Seconds `envbuild ARGS` took; exits with its output's tail when it fails."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        [*ENVBUILD, *args], capture_output=True, text=True, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"benchmark: envbuild {' '.join(args[:4])} ... failed:\n{result.stderr[-3000:]}")
+    return seconds
+
+
+def common(base: str, ca: str) -> list[str]:
+    return [
+        "--base-image", base, "--wheelhouse", str(REPO / "wheelhouse"), "--ca-bundle", ca,
+        "--repository", REPOSITORY, "--no-smoke",
+    ]  # fmt: skip
+
+
+def matrix(folder: Path, six: str) -> Path:
+    """The torch CPU entry with the team's one small package, `six==VERSION`."""
+    path = folder / f"six-{six}.yaml"
+    document = {
+        "defaults": {"python": "3.11", "os": "bookworm", "packages": [f"six=={six}"]},
+        "include": [{"framework": "torch", "framework_version": "2.13.0", "cuda": "cpu"}],
+    }
+    path.write_text(json.dumps(document))  # JSON is YAML
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-image", default="envbuild/base:bookworm")
+    parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
+    parser.add_argument("--no-dind", action="store_true", help="Skip the docker:dind figure.")
+    options = parser.parse_args()
+    args = common(options.base_image, options.ca_bundle)
+    rows: list[tuple[str, str, str]] = []
+
+    classic = envbuild(["build", *ENTRY, *args, "--no-cache", "--builder", "classic"])
+    kit = envbuild(["build", *ENTRY, *args, "--no-cache", "--builder", "buildkit"])
+    rows.append(("cold torch CPU, classic builder", f"{classic:.1f} s", "reference"))
+    rows.append(("cold torch CPU, BuildKit", f"{kit:.1f} s",
+                 f"{kit / classic:.2f}x classic (target <= 1.05x)"))  # fmt: skip
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-") as tmp:
+        folder = Path(tmp)
+        old, new = matrix(folder, "1.16.0"), matrix(folder, "1.17.0")
+        for path in (old, new):
+            envbuild(["lock", "-m", str(path), *args[:6]])
+        kit_args = [*args, "--builder", "buildkit", "--locked"]
+        cold = envbuild(["build", "-m", str(old), *kit_args, "--no-cache"])
+        bumped = envbuild(["build", "-m", str(new), *kit_args])
+    rows.append(("cold torch CPU + six 1.16.0, BuildKit", f"{cold:.1f} s", "reference"))
+    rows.append(("rebuild after six 1.16.0 -> 1.17.0, BuildKit cache", f"{bumped:.1f} s",
+                 f"{bumped / cold:.2f}x cold (target <= 0.3x)"))  # fmt: skip
+
+    if not options.no_dind:
+        from tests.support.dind_engine import dind_engine
+
+        with dind_engine() as dind:
+            remote = envbuild(
+                ["build", *ENTRY, *args, "--no-cache", "--builder", "buildkit"], env=dind.env
+            )
+        rows.append(("cold torch CPU on docker:dind, BuildKit", f"{remote:.1f} s",
+                     f"{remote / kit:.2f}x local (target <= 1.3x)"))  # fmt: skip
+
+    subprocess.run(
+        ["sh", "-c", "docker images -q 'envbuild-bench/*' | sort -u | xargs -r docker rmi -f"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    for name, figure, against in rows:
+        print(f"{name:<{width}}  {figure:>9}  {against}")
+
+
+if __name__ == "__main__":
+    main()
