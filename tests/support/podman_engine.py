@@ -46,7 +46,6 @@ import logging
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -58,6 +57,8 @@ from pathlib import Path
 import docker
 import pytest
 import requests
+
+from tests.support.processes import stop
 
 log = logging.getLogger(__name__)
 
@@ -160,17 +161,6 @@ def _wait_until_answering(engine: PodmanEngine, process: subprocess.Popen[bytes]
     raise RuntimeError(msg)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=STOP_SECONDS)
-
-
 def _unmount_under(folder: Path) -> None:
     """Unmount what is still mounted under `folder` (deepest first), lazily if busy."""
     prefix = f"{folder}/"
@@ -223,7 +213,7 @@ def podman_engine(base_image: str) -> Iterator[PodmanEngine]:
                  engine.env["DOCKER_HOST"]],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env={**os.environ, "CONTAINERS_CONF": str(folder / "containers.conf")},
-                start_new_session=True,  # a Ctrl-C of the tests reaches it through _stop only
+                start_new_session=True,  # a Ctrl-C of the tests reaches it through stop() only
             )  # fmt: skip
         engine = PodmanEngine(folder=folder, socket=engine.socket, log=engine.log, pid=process.pid)
         seconds = _wait_until_answering(engine, process)
@@ -232,7 +222,7 @@ def podman_engine(base_image: str) -> Iterator[PodmanEngine]:
         yield engine
     finally:
         if process is not None:
-            _stop(process)
+            stop(process, STOP_SECONDS)
         with contextlib.suppress(OSError):
             _remove(engine)
 

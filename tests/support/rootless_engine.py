@@ -52,7 +52,6 @@ import logging
 import os
 import pwd
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -63,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.processes import stop
 
 log = logging.getLogger(__name__)
 
@@ -194,19 +195,6 @@ def _wait_until_answering(
     raise RootlessUnavailable(msg, skip=False)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    # SIGTERM: rootlesskit hands it to dockerd, which stops its containers and containerd.
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        # --pidns: the engine's processes die with rootlesskit's child, which dies with it.
-        process.kill()
-        process.wait(timeout=STOP_SECONDS)
-
-
 def load_image(engine: RootlessEngine, image: str) -> None:
     """Copy `image` from the engine of the environment (the tests' own) into `engine`."""
     with subprocess.Popen(
@@ -290,7 +278,7 @@ def rootless_engine(
     finally:
         started = time.monotonic()
         if process is not None:
-            _stop(process)
+            stop(process, STOP_SECONDS)
         stopped = time.monotonic()
         shutil.rmtree(folder, ignore_errors=True)
         log.info(
