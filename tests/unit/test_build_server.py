@@ -695,3 +695,54 @@ def test_a_build_that_goes_away_mid_download_prints_no_traceback(
     captured = capfd.readouterr()
     assert "Traceback" not in captured.err
     assert "Error" not in captured.err
+
+
+def test_with_buildkit_the_installer_reads_its_mounts_and_keeps_uvs_cache(
+    tmp_path: Path, inputs: ServedInputs
+) -> None:
+    """--mounted ROOT: config.json and ca.crt as BuildKit's secret mounts put them, uv and the
+    wheelhouse as the bound context folder, uv's cache as the cache mount; nothing fetched."""
+    record = tmp_path / "record.json"
+    root = tmp_path / "run-envbuild"
+    secrets_dir, mounted = root / install_env.SECRETS_DIR, root / install_env.INPUTS_DIR
+    for folder in (secrets_dir, mounted / "wheels", root / install_env.CACHE_DIR):
+        folder.mkdir(parents=True)
+    (secrets_dir / install_env.CONFIG_NAME).write_bytes(config_document(inputs))
+    (secrets_dir / install_env.CA_NAME).write_bytes(CA)
+    uv = mounted / install_env.UV_NAME
+    uv.write_text(FAKE_UV.format(python=sys.executable, record=str(record), code=0))
+    uv.chmod(0o755)
+    (mounted / "wheels" / WHEEL).write_bytes(b"torch wheel bytes")
+    scratch_root = tmp_path / "scratch"
+    scratch_root.mkdir()
+    venv, lock = tmp_path / "venv", tmp_path / "envbuild.lock"
+    lock.write_text("torch==2.13.0+cpu \\\n    --hash=sha256:00\n")
+    result = subprocess.run(
+        [sys.executable, install_env.__file__, "--mounted", str(root), str(venv), str(lock)],
+        env={**os.environ, "TMPDIR": str(scratch_root)},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (seen,) = (json.loads(line) for line in record.read_text().splitlines())
+    argv = seen["argv"]
+    assert argv[argv.index("--cache-dir") + 1] == str(root / install_env.CACHE_DIR)
+    assert "--no-cache" not in argv
+    assert seen["env"]["UV_LINK_MODE"] == "copy"  # the cache mount is another file system
+    assert argv[argv.index("--find-links") + 1] == str(mounted / "wheels")
+    assert seen["env"]["SSL_CERT_FILE"] == str(secrets_dir / install_env.CA_NAME)
+    assert seen["env"]["UV_INDEX_URL"] == inputs.index_url
+    assert list(scratch_root.iterdir()) == []
+    assert "envbuild install: inputs" in result.stderr
+
+
+def test_with_buildkit_a_missing_secret_is_one_line_saying_to_build_with_envbuild(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, install_env.__file__, "--mounted", str(tmp_path), "/opt/v", "/l"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert "the build's secret was not mounted" in line
+    assert "build with `envbuild build`" in line
