@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import tempfile
@@ -139,25 +138,22 @@ def build_entry(
     logs = log_dir()
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{entry.id}.log"
-    # Written aside and moved into place when the build ends: two runs building the same entry
-    # on one machine (parallel CI jobs) each leave a whole log, never one interleaved.
+    # A fresh file moved into place before the first line: two runs building the same entry on
+    # one machine (parallel CI jobs) never write into one file; the later one owns the name.
     writing = logs / f".{entry.id}.{run_id()}.{threading.get_ident()}.log"
-    try:
-        with writing.open("w", encoding="utf-8", buffering=1) as log_file:
+    with writing.open("w", encoding="utf-8", buffering=1) as log_file:
+        writing.replace(log_path)
 
-            def record(line: str) -> None:
-                line = redact(line)
-                log_file.write(line + "\n")
-                on_line(line)
+        def record(line: str) -> None:
+            line = redact(line)
+            log_file.write(line + "\n")
+            on_line(line)
 
-            try:
-                image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
-            except BuildFailed as exc:
-                msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
-                raise BuildFailed(msg) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            writing.replace(log_path)
+        try:
+            image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
+        except BuildFailed as exc:
+            msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
+            raise BuildFailed(msg) from exc
     store.record_built(context.content_hash, entry.id, entry.image, image_id)
     store.record_provenance(image_id, _build_facts(engine, context, started))
     return BuiltImage(
