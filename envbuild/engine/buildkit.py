@@ -47,6 +47,13 @@ MAX_LINE_BYTES = 8192
 _STEP_PREFIX = re.compile(r"^#\d+ (?:\d+\.\d+ )?")
 # What the client says when it cannot reach the engine at all.
 _UNREACHABLE = ("Cannot connect to the Docker daemon", "error during connect")
+# What the client says when the engine went away mid-build (killed, restarted, its host gone).
+_LOST = (
+    "code = Unavailable",
+    "transport is closing",
+    "error reading from server: EOF",
+    "server did not provide an image ID",  # the 20.10 client, when the engine died mid-build
+)
 # What the client says when the engine does not serve BuildKit's session (gRPC over HTTP/2).
 _NO_SESSION = ("failed to dial gRPC", "unable to upgrade to h2c")
 # Seconds the client has to cancel the build after an interrupt, before it is killed.
@@ -238,6 +245,12 @@ def _failure(last_lines: list[str], engine: str) -> BuildFailed | EngineFailed |
         return EngineFailed(
             f"the docker client cannot reach {engine} to build: {printable(unreachable[-1], 200)};"
             " check DOCKER_HOST (and DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) and `docker info`"
+        )
+    lost = [line for line in plain if any(mark in line for mark in _LOST)]
+    if lost:
+        return EngineFailed(
+            f"lost {engine} during the BuildKit build ({printable(lost[-1], 160)}); check that "
+            "dockerd runs (`docker info`), restart it, and run envbuild again"
         )
     no_session = [line for line in plain if any(mark in line for mark in _NO_SESSION)]
     if no_session:

@@ -40,8 +40,9 @@ def test_sigterm_mid_build_leaves_nothing_and_the_rerun_builds(
     args, env, log = isolated_build(
         base_image, wheelhouse, ca_bundle, tmp_path, INTERRUPTED_REPOSITORY
     )
-    # No --no-cache needed: the install step is never cached for a build with an index password.
-    process = start([*args, "--no-smoke"], env)
+    # --no-cache: BuildKit keeps secrets out of its cache key, so an earlier build of the same
+    # lock would let this one finish from the cache before the interrupt lands.
+    process = start([*args, "--no-smoke", "--no-cache"], env)
     # Interrupt inside the step that installs torch: the longest of the build.
     wait_for(lambda: log.exists() and "install_env.py" in log.read_text(), "the install step")
     time.sleep(2)
