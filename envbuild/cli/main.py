@@ -133,13 +133,12 @@ def render(output: Path, locked: bool, **kwargs: Any) -> None:
     from envbuild.core.models import AUTO, BUILDKIT, CLASSIC
     from envbuild.core.names import shown
     from envbuild.core.places import check_output_folder
-    from envbuild.engine.buildkit import find_client
 
     check_output_folder(output, "-o")  # before the locks, which may take the network
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
-    if options.builder == AUTO:  # no engine to ask: BuildKit where this host has a client for it
-        found = find_client()[0] is not None
-        options = dataclasses.replace(options, builder=BUILDKIT if found else CLASSIC)
+    if options.builder == AUTO:  # no engine to ask: as `build` would choose for DOCKER_HOST
+        local = os.environ.get("DOCKER_HOST", "unix://").startswith("unix://")
+        options = dataclasses.replace(options, builder=CLASSIC if local else BUILDKIT)
     known, _, result = plan_from(kwargs, newest_only=False)
     locks = locks_for(result.entries, options, matrix_path, known, locked=locked)
     where = f"-o {shown(str(output))}"

@@ -421,7 +421,8 @@ def builder_option(func: F) -> F:
         help=(
             "How images are built: buildkit (the docker client's BuildKit: secret mounts, a "
             "kept package cache, any engine), classic (the engine's API, inputs served from "
-            "this host: a local engine), or auto (BuildKit where it works) [env: ENVBUILD_BUILDER]."
+            "this host: a local engine), or auto (classic on an engine on this host, else "
+            "BuildKit) [env: ENVBUILD_BUILDER]."
         ),
     )(func)
 

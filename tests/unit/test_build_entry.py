@@ -337,13 +337,13 @@ def test_an_offline_build_from_a_base_without_python_is_refused_before_it_starts
 @pytest.mark.parametrize(
     ("support", "wanted", "chosen"),
     [
-        ({BUILDKIT: "", CLASSIC: ""}, AUTO, BUILDKIT),
+        ({BUILDKIT: "", CLASSIC: ""}, AUTO, CLASSIC),
         ({BUILDKIT: "no client", CLASSIC: ""}, AUTO, CLASSIC),
         ({BUILDKIT: "", CLASSIC: "remote"}, AUTO, BUILDKIT),
-        ({BUILDKIT: "", CLASSIC: ""}, CLASSIC, CLASSIC),
+        ({BUILDKIT: "", CLASSIC: ""}, BUILDKIT, BUILDKIT),
     ],
 )
-def test_the_builder_is_the_one_asked_for_or_buildkit_where_it_works(
+def test_the_builder_is_the_one_asked_for_or_classic_on_this_host_else_buildkit(
     support: dict[str, str], wanted: str, chosen: str
 ) -> None:
     assert choose_builder(InMemoryEngine(support=support), wanted) == chosen
