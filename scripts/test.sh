@@ -8,6 +8,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/host-setup.sh
+# The engine's disk, which the tests fill with gigabytes: what an earlier run left goes first
+# (images the tests made, untagged ones, BuildKit's cache beyond a bound), and again between
+# the tiers (where the images the main tier kept for the extended one stay). The bound keeps a
+# warm cache for the builds the tiers repeat.
+free_engine_disk() {  # $1: "images" to remove the test images too
+  if [ "${1:-}" = images ]; then
+    docker images -q --filter label=org.envbuild.test | sort -u | xargs -r docker rmi -f >/dev/null 2>&1 || true
+    docker images -q 'envbuild-test/*' | sort -u | xargs -r docker rmi -f >/dev/null 2>&1 || true
+  fi
+  docker image prune -f >/dev/null || true
+  docker builder prune -f --keep-storage 8GB >/dev/null || true
+  echo "test.sh: $(df -h --output=avail /var/lib/docker | tail -1 | tr -d ' ') free for the engine" >&2
+}
+free_engine_disk images
 # A bare Debian base (no python3): the tests also exercise installing the OS's own Python.
 # Bootstrapped while the linters run: one waits on the network and the disk, the others on the CPU.
 .venv/bin/envbuild base bootstrap --suite bookworm --tag envbuild/base:bookworm &
@@ -43,6 +57,7 @@ if [ "$tier" != extended ]; then
   echo "test.sh: main tier done after $SECONDS s (exit $status)" >&2
 fi
 if [ "$tier" != main ]; then
+  [ "$tier" = all ] && free_engine_disk
   engine_tier "extended" "" || status=$((status ? status : $?))
   echo "test.sh: extended tier done after $SECONDS s (exit $status)" >&2
 fi

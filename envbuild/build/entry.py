@@ -14,7 +14,7 @@ from typing import Any
 
 from envbuild import __version__
 from envbuild.build.render import INSTALLER, INSTALLER_NAME, render_entry, write_context
-from envbuild.build.server import serve_build, write_mounted
+from envbuild.build.server import kept_context, serve_build, write_mounted
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, BuildFailed
 from envbuild.core.interrupt import run_id, scratch_prefix
@@ -220,16 +220,18 @@ def _build(
     }
     network = not context.offline
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp:
+        if context.builder == BUILDKIT:
+            with kept_context(context.entry.id, Path(tmp)) as folder:
+                write_context(context, folder)
+                secrets = write_mounted(context, folder, Path(tmp) / "secrets")
+                return engine.build(
+                    folder, tag=context.entry.image, labels=labels, build_args=context.build_args,
+                    on_line=on_line, network=network, no_cache=no_cache,
+                    proxy=proxy if proxy is not None and not proxy.empty and network else None,
+                    builder=BUILDKIT, secrets=secrets,
+                )  # fmt: skip
         folder = Path(tmp) / "context"
         write_context(context, folder)
-        if context.builder == BUILDKIT:
-            secrets = write_mounted(context, folder, Path(tmp) / "secrets")
-            return engine.build(
-                folder, tag=context.entry.image, labels=labels, build_args=context.build_args,
-                on_line=on_line, network=network, no_cache=no_cache,
-                proxy=proxy if proxy is not None and not proxy.empty and network else None,
-                builder=BUILDKIT, secrets=secrets,
-            )  # fmt: skip
         # The server lives exactly as long as the build: its URL, kept in the image history by
         # the classic builder, names a closed port afterwards.
         gateway = engine.bridge_gateway(network=network)

@@ -22,12 +22,17 @@ the image history; once the build is over it names a closed port and grants noth
 
 BuildKit needs no server (`write_mounted`): config.json and the CA bundle become secret files
 the docker client sends through its session, uv and the wheelhouse a folder of the build context
-that the install RUN binds read-only; nothing depends on where the engine runs.
+that the install RUN binds read-only; nothing depends on where the engine runs. That folder
+lies at the same path from build to build of an entry (`kept_context`): the docker client keys
+the engine's copy of a context by its folder, so a rebuild sends only what changed and the
+engine keeps one copy of an entry's wheels, not one more per build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import hmac
 import html
 import json
@@ -49,9 +54,10 @@ from typing import BinaryIO
 from packaging.utils import canonicalize_name
 
 from envbuild.build.render import CA_SECRET, CONFIG_SECRET, INPUTS_DIR
-from envbuild.core.errors import BuildFailed
+from envbuild.core.errors import BadInput, BuildFailed
 from envbuild.core.models import BuildContext, ServedInputs
 from envbuild.core.names import shown
+from envbuild.core.places import contexts_dir
 from envbuild.lock.lockfile import pins
 
 log = logging.getLogger(__name__)
@@ -301,6 +307,46 @@ def write_mounted(context: BuildContext, folder: Path, secrets_dir: Path) -> dic
         else:
             _place(served.ca_bundle, inputs / CA_NAME)
     return secrets
+
+
+@contextlib.contextmanager
+def kept_context(entry_id: str, scratch: Path) -> Iterator[Path]:
+    """An empty folder for the BuildKit context of the entry `entry_id`, at the same path each
+    time (the contexts folder of envbuild's cache), removed when the build ends; `scratch`/context
+    where that path cannot be used: the cache cannot be written, or another run is building the
+    same entry (a lock file beside the folder says so)."""
+    name = hashlib.sha256(entry_id.encode()).hexdigest()[:20]
+    try:
+        home = contexts_dir()
+        home.mkdir(parents=True, exist_ok=True)
+        lock = (home / f"{name}.lock").open("a")
+    except (OSError, BadInput) as exc:
+        log.debug("BuildKit context in a scratch folder: %s", exc)
+        yield _fresh(scratch / "context")
+        return
+    with lock:
+        folder = home / name
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _fresh(folder)
+        except OSError as exc:  # another run builds this entry now, or the folder is stuck
+            log.debug("BuildKit context in a scratch folder: %s", exc)
+            yield _fresh(scratch / "context")
+            return
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fresh(folder: Path) -> Path:
+    """`folder`, made empty: what an interrupted build left is removed, a link planted in its
+    place too (never followed)."""
+    if folder.is_symlink():
+        folder.unlink()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
 
 
 def _place(source: Path, target: Path) -> None:

@@ -96,6 +96,12 @@ def log_dir() -> Path:
     return cache_dir() / "logs"
 
 
+def contexts_dir() -> Path:
+    """Where BuildKit builds' contexts lie while they build, at the same path from build to
+    build of an entry (envbuild.build.server.kept_context)."""
+    return cache_dir() / "contexts"
+
+
 def lock_cache_dir() -> Path:
     """Where locks of builds without a matrix live."""
     return cache_dir() / "locks"

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.extended]
 
 # Short, so that CI stays short: every section still measures something (what did not fit is
 # listed as skipped); the default budget's figures are in the README.
-BUDGET = "45"
+BUDGET = "60"
 
 
 def test_three_frameworks_side_by_side_with_json_html_advice_and_history(
@@ -47,10 +47,14 @@ def test_three_frameworks_side_by_side_with_json_html_advice_and_history(
         assert run["ok"] is True
         assert run["image_id"].startswith("sha256:")
         measured = [r for r in bench["throughput"]["results"] if r.get("median")]
-        assert {(r["model"], r["precision"]) for r in measured} >= {
-            ("conv", "fp32"),
-            ("transformer", "fp32"),
-        }
+        pairs = {(r["model"], r["precision"]) for r in measured}
+        # Each model in fp32 is measured, or said to be skipped (a loaded host may give the
+        # first figure the whole share): never silently left out.
+        assert ("conv", "fp32") in pairs, run["image"]
+        for model in ("transformer",):
+            assert (model, "fp32") in pairs or (
+                f"throughput: {model} fp32: no time left in the budget" in run["skipped"]
+            ), (run["image"], run["skipped"])
         for figure in measured:
             assert len(figure["samples"]) >= 3
             assert figure["min"] <= figure["median"] <= figure["max"]

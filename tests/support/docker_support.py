@@ -16,17 +16,19 @@ the lanes' images for that second run.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -365,21 +367,31 @@ def cpu_matrix(
 def needles_in_layers(
     docker_client: docker.DockerClient, image: str, needles: list[bytes]
 ) -> list[str]:
-    """Every (layer member, needle) where a needle occurs in a file's name or contents."""
+    """Every (layer member, needle) where a needle occurs in a file's name or contents.
+
+    Read as the engine streams the saved image, never written to disk (an image of gigabytes
+    on a disk the tests fill would fail for want of space, not for a leak). Every layer the
+    archive's manifest names must have been read: Docker's `<id>/layer.tar`, Podman's
+    `<digest>.tar` (its `<id>/layer.tar` are links to them)."""
     found: list[str] = []
     longest = max(len(n) for n in needles)
-    with tempfile.TemporaryDirectory(prefix="envbuild-test-save-") as tmp:
-        saved = Path(tmp) / "image.tar"
-        with saved.open("wb") as handle:
-            for chunk in docker_client.images.get(image).save(named=False):
-                handle.write(chunk)
-        with tarfile.open(saved) as outer:
-            # The layers the archive's manifest names: Docker's `<id>/layer.tar`, Podman's
-            # `<digest>.tar` (its `<id>/layer.tar` are empty links to them).
-            manifest = json.load(outer.extractfile("manifest.json"))
-            names = [name for image_manifest in manifest for name in image_manifest["Layers"]]
-            assert names, f"the saved {image} names no layers"
-            for layer in (outer.getmember(name) for name in names):
+    stream = _ChunkStream(docker_client.images.get(image).save(named=False))
+    read: set[str] = set()
+    links: dict[str, str] = {}
+    manifest = None
+    with tarfile.open(fileobj=stream, mode="r|") as outer:
+        for layer in outer:
+            if layer.name == "manifest.json":
+                extracted = outer.extractfile(layer)
+                assert extracted is not None
+                manifest = json.load(extracted)
+            elif layer.issym() or layer.islnk():
+                links[layer.name] = posixpath.normpath(
+                    posixpath.join(posixpath.dirname(layer.name), layer.linkname)
+                    if layer.issym() else layer.linkname
+                )  # fmt: skip
+            elif layer.isfile() and layer.name.endswith(".tar"):
+                read.add(layer.name)
                 extracted = outer.extractfile(layer)
                 assert extracted is not None
                 with tarfile.open(fileobj=extracted, mode="r|") as inner:
@@ -392,4 +404,31 @@ def needles_in_layers(
                             window = tail + block
                             found += [f"{layer.name}:{member.name}" for n in needles if n in window]
                             tail = window[-longest:]
+    assert manifest is not None, f"the saved {image} has no manifest.json"
+    names = [name for image_manifest in manifest for name in image_manifest["Layers"]]
+    assert names, f"the saved {image} names no layers"
+    unread = [name for name in names if links.get(name, name) not in read]
+    assert unread == [], f"layers of the saved {image} not read: {unread}"
     return found
+
+
+class _ChunkStream(io.RawIOBase):
+    """The chunks of an engine's stream as a file read front to back."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._left = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left = memoryview(chunk)
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n

@@ -746,3 +746,66 @@ def test_with_buildkit_a_missing_secret_is_one_line_saying_to_build_with_envbuil
     (line,) = result.stderr.splitlines()
     assert "the build's secret was not mounted" in line
     assert "build with `envbuild build`" in line
+
+
+# --- kept_context: one path per entry, so that BuildKit keeps one copy of its context -----------
+
+
+def test_a_buildkit_context_lies_at_the_same_path_each_build_and_is_gone_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    seen = []
+    for _ in range(2):
+        with build_server.kept_context("torch2.13.0-cpu", tmp_path / "scratch") as folder:
+            assert list(folder.iterdir()) == []
+            (folder / "Dockerfile").write_text("FROM scratch\n")
+            seen.append(folder)
+        assert not folder.exists()
+    assert seen[0] == seen[1]
+    assert seen[0].parent == tmp_path / "cache" / "envbuild" / "contexts"
+    with build_server.kept_context("jax0.10.2-cpu", tmp_path / "scratch") as other:
+        assert other != seen[0]
+
+
+def test_a_second_run_building_the_same_entry_takes_a_scratch_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with build_server.kept_context("e", tmp_path / "a") as first:
+        (first / "kept").write_text("mine")
+        with build_server.kept_context("e", tmp_path / "b") as second:
+            assert second == tmp_path / "b" / "context"
+        assert (first / "kept").read_text() == "mine"
+
+
+def test_what_an_interrupted_build_left_or_a_planted_link_is_cleared_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with build_server.kept_context("e", tmp_path / "s") as folder:
+        pass
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.symlink_to(victim)
+    with build_server.kept_context("e", tmp_path / "s") as again:
+        assert again == folder
+        assert not again.is_symlink()
+        assert list(again.iterdir()) == []
+    assert (victim / "precious").read_text() == "keep"
+    (folder / "left").mkdir(parents=True)
+    with build_server.kept_context("e", tmp_path / "s") as again:
+        assert list(again.iterdir()) == []
+
+
+def test_an_unwritable_cache_gives_a_scratch_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with build_server.kept_context("e", tmp_path / "s") as folder:
+        assert folder == tmp_path / "s" / "context"
+        assert folder.is_dir()
