@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test suite: prepare the host (engine, base image, wheelhouse), then the Docker-free tiers
-# (unit, hostile) on every core, then the integration and end-to-end tiers against the real
-# engine: in two lanes (a module per lane at a time; they wait on the network and the disk as
-# much as on the CPU), then the tests marked `alone` (they kill the engine, or measure) by
-# themselves; first the main tier, then the extended one (tests marked `extended`).
+# (unit, hostile) in four workers (many of their tests wait on a timeout, not the CPU), then the
+# integration and end-to-end tiers against the real engine: in two lanes (a module per lane at a
+# time; they wait on the network and the disk as much as on the CPU), then the tests marked
+# `alone` (they kill the engine, or measure) by themselves; first the main tier, then the
+# extended one (tests marked `extended`).
 # ENVBUILD_TEST_TIER=main|extended|all (default all). Extra arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,7 @@ wait "$bootstrap"
 # A short --basetemp: messages shorten long paths, and xdist adds a folder per worker.
 args=("$@")
 if [ "${ENVBUILD_TEST_TIER:-all}" != extended ]; then
-  .venv/bin/python -m pytest tests/unit tests/hostile -n 2 --basetemp=/tmp/envbuild-tests "$@"
+  .venv/bin/python -m pytest tests/unit tests/hostile -n 4 --basetemp=/tmp/envbuild-tests "$@"
 fi
 # The lanes and the runs after them share what a session makes once (tests/support/docker_support.py).
 shared=$(mktemp -d /tmp/envbuild-tests-shared.XXXXXX)

@@ -52,6 +52,7 @@ def no_traceback(stderr: str) -> None:
     assert "Traceback" not in stderr, stderr[-3000:]
 
 
+@pytest.mark.extended  # two cold builds: the extended tier; the main one kills it mid-smoke
 @pytest.mark.parametrize("builder", [CLASSIC, BUILDKIT])
 def test_engine_killed_mid_build(
     builder: str,

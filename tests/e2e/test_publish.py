@@ -159,6 +159,7 @@ def test_htpasswd_registry_needs_credentials_and_gets_them_from_docker_config(
         assert "secure/torch" in catalog(server, auth=("ci", "pa55-word"))
 
 
+@pytest.mark.extended  # a fault injected: the extended tier
 def test_a_registry_that_dies_mid_push_leaves_no_published_record(
     docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
 ) -> None:
@@ -183,6 +184,7 @@ def test_a_registry_that_dies_mid_push_leaves_no_published_record(
     assert not [r for r in records if server.host in r.reference]
 
 
+@pytest.mark.extended  # a fault injected: the extended tier
 def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence(
     docker_client: docker.DockerClient, torch_cpu_build: Any, tmp_path: Path
 ) -> None:
@@ -232,6 +234,7 @@ def test_two_publishers_of_the_same_image_at_once_keep_both_records_and_evidence
     assert len([r for r in records[before:] if "/both/" in r.reference]) >= 2 * 3
 
 
+@pytest.mark.extended  # a fault injected: the extended tier
 def test_a_registry_that_keeps_answering_500_to_the_push_ends_publish_in_one_line(
     docker_client: docker.DockerClient,
     torch_cpu_build: Any,

@@ -73,6 +73,7 @@ def failing_smoke(tag: str) -> tuple[Any, dict[str, Any], dict[str, str]]:
     return result, report, {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]}
 
 
+@pytest.mark.extended  # a broken image, slow to make: the extended tier
 def test_without_its_declared_shm_size_the_loader_fails_and_says_how_to_run_it(
     docker_client: docker.DockerClient, torch_cpu_build: object, tmp_path: Path
 ) -> None:
@@ -176,6 +177,7 @@ def broken_wheel(folder: Path) -> Path:
     return path
 
 
+@pytest.mark.extended  # a broken image, slow to make: the extended tier
 def test_a_locked_package_that_cannot_be_imported_fails_the_smoke_test_by_name(
     docker_client: docker.DockerClient,
     base_image: str,

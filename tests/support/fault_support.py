@@ -45,12 +45,28 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
+def wait_for(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float = 600,
+    process: subprocess.Popen[str] | None = None,
+) -> None:
+    """Until `condition` holds; fail after `timeout` s, or as soon as `process` (the CLI run the
+    condition waits on) has ended, with what it printed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
+        if process is not None and process.poll() is not None:
+            _, stderr = process.communicate()
+            pytest.fail(
+                f"the CLI ended (exit {process.returncode}) before {what}: {stderr[-3000:]}"
+            )
         time.sleep(0.5)
+    if process is not None:
+        process.kill()
+        _, stderr = process.communicate()
+        pytest.fail(f"timed out waiting for {what}; the CLI printed: {stderr[-3000:]}")
     pytest.fail(f"timed out waiting for {what}")
 
 
