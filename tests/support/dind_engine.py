@@ -115,7 +115,13 @@ class DindEngine:
     @property
     def env(self) -> dict[str, str]:
         """What a docker client (the CLI, docker-py, envbuild) needs to use this engine."""
-        return client_env(self.port, self.certs)
+        # envbuild's records of this engine's builds apart from the host engine's: the store
+        # keys a build by its content hash, not by engine, so a build here would make the
+        # host's image of the same entry look moved, and publishing it refused.
+        return {
+            **client_env(self.port, self.certs),
+            "ENVBUILD_DATA_DIR": str(self.certs.root.parent / "envbuild-data"),
+        }
 
 
 def client_env(port: int, certs: CertDirs) -> dict[str, str]:

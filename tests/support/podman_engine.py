@@ -81,7 +81,13 @@ class PodmanEngine:
     @property
     def env(self) -> dict[str, str]:
         """The environment that points docker-py and envbuild at this engine."""
-        return {"DOCKER_HOST": f"unix://{self.socket}"}
+        # envbuild's records of this engine's builds apart from the host engine's: the store
+        # keys a build by its content hash, not by engine, so a build here would make the
+        # host's image of the same entry look moved, and publishing it refused.
+        return {
+            "DOCKER_HOST": f"unix://{self.socket}",
+            "ENVBUILD_DATA_DIR": str(self.folder / "envbuild-data"),
+        }
 
     def storage_options(self) -> list[str]:
         """podman's global options naming this engine's storage and networks."""

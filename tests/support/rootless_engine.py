@@ -102,11 +102,15 @@ class RootlessEngine:
     def env(self) -> dict[str, str]:
         """What a process (root's included) needs to talk to this engine, over os.environ;
         TLS and context settings are emptied so that they cannot send it elsewhere."""
+        # envbuild's records of this engine's builds apart from the host engine's: the store
+        # keys a build by its content hash, not by engine, so a build here would make the
+        # host's image of the same entry look moved, and publishing it refused.
         return {
             "DOCKER_HOST": self.host,
             "DOCKER_TLS_VERIFY": "",
             "DOCKER_CERT_PATH": "",
             "DOCKER_CONTEXT": "",
+            "ENVBUILD_DATA_DIR": str(self.folder / "envbuild-data"),
         }
 
     def docker(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
