@@ -41,7 +41,7 @@ from envbuild.core.models import (
 from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.core.resources import templates_dir
 from envbuild.core.versions import cuda_tag
-from envbuild.lock.lockfile import pins
+from envbuild.lock.lockfile import framework_part, pins
 from envbuild.lock.wheelhouse import framework_index as framework_from
 from envbuild.lock.wheelhouse import has_framework_wheel, wheelhouse_files
 from envbuild.payload import install_env
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     pass
 
 LOCK_NAME = "envbuild.lock"  # in the context; the image keeps it at /opt/venv/envbuild.lock
+# The lock's framework part, in the context: installed first, in layers of its own.
+FRAMEWORK_LOCK_NAME = "framework.lock"
 # The CUDA libraries as wheels (torch's, JAX's and TensorFlow's nvidia-*-cu12 and -cu13): when a
 # lock pins them, they are installed in a layer of their own (templates/partials/install.j2).
 CUDA_LIBRARIES = "nvidia-*"
@@ -64,6 +66,9 @@ BUILDKIT_ROOT = "/run/envbuild"
 CONFIG_SECRET = "envbuild-config"
 CA_SECRET = "envbuild-ca"
 INPUTS_DIR = "envbuild-inputs"
+# uv and the wheels of the lock's framework part alone: what the framework's RUNs bind, so that
+# BuildKit's cache of them does not change with the team's packages.
+FRAMEWORK_INPUTS_DIR = "envbuild-framework-inputs"
 UV_CACHE = "envbuild-uv"
 # What may reach the Dockerfile inside quotes or after FROM/LABEL: no quote, backslash,
 # variable, newline or other control character.
@@ -218,6 +223,7 @@ def render_entry(
         )
         raise BadInput(msg)
     framework_index = framework_from(entry, options)
+    framework = framework_part(lock.text)
     extra_index_urls = options.extra_index_urls + ((framework_index,) if framework_index else ())
     served = ServedInputs(
         ca_bundle=ca_bundle,
@@ -239,6 +245,7 @@ def render_entry(
         "user": _user_values(entry),
         "cuda_libraries": CUDA_LIBRARIES if _pins_matching(lock, CUDA_LIBRARIES) else None,
         "buildkit": _buildkit_values() if options.builder == BUILDKIT else None,
+        "framework_lock": FRAMEWORK_LOCK_NAME if framework else None,
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)
@@ -259,6 +266,7 @@ def render_entry(
         lock=lock,
         served=served,
         builder=options.builder,
+        framework_lock=framework,
     )
 
 
@@ -266,13 +274,20 @@ def _buildkit_values() -> dict[str, str]:
     """What partials/install.j2 needs for BuildKit: the install RUN's mounts and their root."""
     root = BUILDKIT_ROOT
     secrets, inputs = f"{root}/{install_env.SECRETS_DIR}", f"{root}/{install_env.INPUTS_DIR}"
-    mounts = (
-        f"--mount=type=secret,id={CONFIG_SECRET},target={secrets}/{install_env.CONFIG_NAME}",
-        f"--mount=type=secret,id={CA_SECRET},target={secrets}/{install_env.CA_NAME}",
-        f"--mount=type=bind,source={INPUTS_DIR},target={inputs}",
-        f"--mount=type=cache,id={UV_CACHE},target={root}/{install_env.CACHE_DIR}",
-    )
-    return {"root": root, "mounts": " \\\n    ".join(mounts)}
+
+    def mounts(bound: str) -> str:
+        return " \\\n    ".join((
+            f"--mount=type=secret,id={CONFIG_SECRET},target={secrets}/{install_env.CONFIG_NAME}",
+            f"--mount=type=secret,id={CA_SECRET},target={secrets}/{install_env.CA_NAME}",
+            f"--mount=type=bind,source={bound},target={inputs}",
+            f"--mount=type=cache,id={UV_CACHE},target={root}/{install_env.CACHE_DIR}",
+        ))  # fmt: skip
+
+    return {
+        "root": root,
+        "mounts": mounts(INPUTS_DIR),
+        "framework_mounts": mounts(FRAMEWORK_INPUTS_DIR),
+    }
 
 
 def _pins_matching(lock: Lock, pattern: str) -> bool:
@@ -376,6 +391,9 @@ def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
         if context.lock is not None:
             with os.fdopen(_new_file(top, LOCK_NAME), "w", encoding="utf-8") as handle:
                 handle.write(context.lock.text)
+        if context.framework_lock:
+            with os.fdopen(_new_file(top, FRAMEWORK_LOCK_NAME), "w", encoding="utf-8") as handle:
+                handle.write(context.framework_lock)
         for target, source in context.files:
             *folders, filename = _parts(target)
             parent = folder((*parts, *folders))

@@ -53,7 +53,7 @@ from typing import BinaryIO
 
 from packaging.utils import canonicalize_name
 
-from envbuild.build.render import CA_SECRET, CONFIG_SECRET, INPUTS_DIR
+from envbuild.build.render import CA_SECRET, CONFIG_SECRET, FRAMEWORK_INPUTS_DIR, INPUTS_DIR
 from envbuild.core.errors import BadInput, BuildFailed
 from envbuild.core.models import BuildContext, ServedInputs
 from envbuild.core.names import shown
@@ -286,17 +286,14 @@ def serve_build(address: str, served: ServedInputs) -> Iterator[str]:
 def write_mounted(context: BuildContext, folder: Path, secrets_dir: Path) -> dict[str, Path]:
     """Lay out a BuildKit build's inputs: uv, the wheelhouse's wheels of the lock's packages
     (hard links where the file system allows) and an oversized CA bundle in the context's
-    INPUTS_DIR; config.json and the CA bundle as files in `secrets_dir` (made 0700). Return the
+    INPUTS_DIR, and the same for the lock's framework part alone in FRAMEWORK_INPUTS_DIR (what
+    the framework's RUNs bind); config.json and the CA bundle as files in `secrets_dir` (made 0700). Return the
     secrets by id, for `docker build --secret`."""
     served = context.served
+    _lay_inputs(folder / INPUTS_DIR, served, pins(context.lock.text) if context.lock else None)
+    if context.framework_lock:
+        _lay_inputs(folder / FRAMEWORK_INPUTS_DIR, served, pins(context.framework_lock))
     inputs = folder / INPUTS_DIR
-    (inputs / WHEELS_NAME).mkdir(parents=True)
-    _place(find_uv(), inputs / UV_NAME)
-    wanted = pins(context.lock.text) if context.lock is not None else None
-    for wheel in served.wheels:
-        name = canonicalize_name(wheel.name.split("-", 1)[0])
-        if wanted is None or name in wanted or not wheel.name.endswith(".whl"):
-            _place(wheel, inputs / WHEELS_NAME / wheel.name)
     secrets_dir.mkdir(mode=0o700)
     secrets = {CONFIG_SECRET: secrets_dir / CONFIG_NAME}
     _write_private(secrets[CONFIG_SECRET], config_document(served))
@@ -305,7 +302,9 @@ def write_mounted(context: BuildContext, folder: Path, secrets_dir: Path) -> dic
             secrets[CA_SECRET] = secrets_dir / CA_NAME
             _write_private(secrets[CA_SECRET], served.ca_bundle.read_bytes())
         else:
-            _place(served.ca_bundle, inputs / CA_NAME)
+            for bound in (inputs, folder / FRAMEWORK_INPUTS_DIR):
+                if bound.is_dir():
+                    _place(served.ca_bundle, bound / CA_NAME)
     return secrets
 
 
@@ -347,6 +346,16 @@ def _fresh(folder: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     return folder
+
+
+def _lay_inputs(inputs: Path, served: ServedInputs, wanted: dict[str, str] | None) -> None:
+    """uv and the wheelhouse's wheels of the `wanted` packages (all for None) in `inputs`."""
+    (inputs / WHEELS_NAME).mkdir(parents=True)
+    _place(find_uv(), inputs / UV_NAME)
+    for wheel in served.wheels:
+        name = canonicalize_name(wheel.name.split("-", 1)[0])
+        if wanted is None or name in wanted or not wheel.name.endswith(".whl"):
+            _place(wheel, inputs / WHEELS_NAME / wheel.name)
 
 
 def _place(source: Path, target: Path) -> None:

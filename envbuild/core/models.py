@@ -389,6 +389,9 @@ class BuildContext:
     lock: Lock | None = None  # written as envbuild.lock; the image installs and keeps it
     served: ServedInputs = field(default_factory=ServedInputs)
     builder: str = CLASSIC  # the builder the Dockerfile was rendered for
+    # The lock's framework part (lockfile.framework_part), written as framework.lock and installed
+    # in layers below the rest; "" when the whole lock is one install.
+    framework_lock: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild import __version__
@@ -119,6 +120,55 @@ def unresolvable_reason(text: str) -> str | None:
 def pins(text: str) -> dict[str, str]:
     """Canonical package name -> pinned version, from a lock's requirement lines."""
     return {canonicalize_name(m.group(1)): m.group(2) for m in _PIN.finditer(text)}
+
+
+_VIA_ONE = re.compile(r"^\s+# via ([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
+_VIA_MORE = re.compile(r"^\s+#   ([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
+
+
+def framework_part(text: str) -> str:
+    """The lock's framework part: the requirement blocks (pin, hashes, annotations), in the
+    lock's order, of the framework its header names and of everything that pulls in, by the
+    lock's `# via` annotations. "" when there is nothing to split off: no framework named, no
+    annotations, or every pin is the framework's.
+
+    The image installs this part first, in layers of its own, so that a change to the team's
+    packages leaves them (and the builder's cache of them) as they were."""
+    recorded = dict(_INPUT.findall(text))
+    try:
+        root = canonicalize_name(Requirement(json.loads(recorded["framework"])).name)
+    except (KeyError, ValueError, TypeError, InvalidRequirement):
+        return ""
+    blocks: dict[str, list[str]] = {}
+    parents: dict[str, set[str]] = {}
+    current: list[str] | None = None
+    name = ""
+    for line in text.splitlines(keepends=True):
+        match = _PIN.match(line)
+        if match:
+            name = canonicalize_name(match.group(1))
+            current = blocks.setdefault(name, [])
+            parents.setdefault(name, set())
+        elif current is None or not line[:1].isspace():
+            current = None
+            continue
+        current.append(line)
+        via = _VIA_ONE.match(line) or _VIA_MORE.match(line)
+        if via and not match:
+            parents[name].add(canonicalize_name(via.group(1)))
+    if root not in blocks or not any(parents.values()):
+        return ""
+    part: set[str] = {root}
+    grown = True
+    while grown:
+        grown = False
+        for child, of in parents.items():
+            if child not in part and of & part:
+                part.add(child)
+                grown = True
+    if len(part) == len(blocks):
+        return ""
+    return "".join(line for child, lines in blocks.items() if child in part for line in lines)
 
 
 def pin_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:

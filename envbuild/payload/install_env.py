@@ -371,12 +371,13 @@ def seed_wheels() -> list[str]:
     return []
 
 
-def fetch_wheels(serve: str, lock: str, scratch: str) -> str:
+def fetch_wheels(serve: str, lock: str, scratch: str, venv: str = "") -> str:
     """The served wheels of the lock's pins (name and version), fetched into a folder of
-    `scratch`, for uv's --find-links; the folder's path."""
+    `scratch`, for uv's --find-links; the folder's path. Not those `venv` holds already (the
+    framework's, when the team's packages are installed above them)."""
     # uv unpacks a wheel it reads from a file on every core, and one it downloads as the bytes
     # come, on one: a 183 MB torch wheel took 11 s from the server and 5 s from a file here.
-    pinned = set(lock_pins(lock))
+    pinned = set(lock_pins(lock)) - (installed(venv) if venv else set())
     folder = os.path.join(scratch, WHEELS_NAME.rstrip("/"))
     os.mkdir(folder, 0o700)
     page = fetch(serve + WHEELS_NAME).decode("utf-8", errors="replace")
@@ -389,6 +390,15 @@ def fetch_wheels(serve: str, lock: str, scratch: str) -> str:
         if (canonical(parts[0]), parts[1].lower()) in pinned:
             fetch(serve + WHEELS_NAME + urllib.parse.quote(name), os.path.join(folder, name))
     return folder
+
+
+def installed(venv: str) -> set[tuple[str, str]]:
+    """(canonical name, version in lower case) of each distribution in `venv`'s site-packages."""
+    found = set()
+    for info in glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "*.dist-info")):
+        name, _, version = os.path.basename(info)[: -len(".dist-info")].partition("-")
+        found.add((canonical(name), version.lower()))
+    return found
 
 
 def make_venv(venv: str, lock: str | None, scratch: str) -> str | None:
@@ -479,8 +489,9 @@ class Inputs:
     served: str  # the build server's URL, "" when mounted
 
 
-def served_inputs(serve: str, lock: str, scratch: str) -> Inputs:
-    """Fetch what the build server offers into `scratch` (the classic builder's way)."""
+def served_inputs(serve: str, lock: str, scratch: str, venv: str = "") -> Inputs:
+    """Fetch what the build server offers into `scratch` (the classic builder's way); not the
+    wheels of what `venv` holds already."""
     config = parse_config(fetch(serve + CONFIG_NAME))
     uv = os.path.join(scratch, UV_NAME)
     fetch(serve + UV_NAME, uv)
@@ -489,7 +500,7 @@ def served_inputs(serve: str, lock: str, scratch: str) -> Inputs:
     if config.ca_bundle:
         ca_path = os.path.join(scratch, CA_NAME)
         fetch(serve + CA_NAME, ca_path)
-    wheels = fetch_wheels(serve, lock, scratch) if config.find_links else ""
+    wheels = fetch_wheels(serve, lock, scratch, venv) if config.find_links else ""
     return Inputs(config=config, uv=uv, ca=ca_path, wheels=wheels, cache=None, served=serve)
 
 
@@ -536,7 +547,7 @@ def install(
     packages whose names match that pattern); `scratch` is the caller's to remove."""
     clock = Phases()
     wanted = lock if only is None else lock_part(lock, only, scratch)
-    inputs = mounted_inputs(source) if mounted else served_inputs(source, wanted, scratch)
+    inputs = mounted_inputs(source) if mounted else served_inputs(source, wanted, scratch, venv)
     clock.done("inputs")
     config = inputs.config
     environment = uv_environment(config, dict(os.environ), inputs.ca)

@@ -809,3 +809,15 @@ def test_an_unwritable_cache_gives_a_scratch_folder(
     with build_server.kept_context("e", tmp_path / "s") as folder:
         assert folder == tmp_path / "s" / "context"
         assert folder.is_dir()
+
+
+def test_the_team_step_fetches_no_wheel_of_what_the_venv_holds_already(tmp_path: Path) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    for info in ("torch-2.4.1+CPU.dist-info", "typing_extensions-4.16.0.dist-info"):
+        (site / info).mkdir(parents=True)
+    (site / "torch").mkdir()
+    assert install_env.installed(str(tmp_path / "venv")) == {
+        ("torch", "2.4.1+cpu"),
+        ("typing-extensions", "4.16.0"),
+    }
+    assert install_env.installed(str(tmp_path / "none")) == set()

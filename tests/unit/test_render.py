@@ -14,10 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.build.render import check_options, has_framework_wheel, render_entry, write_context
+from envbuild.build.render import (
+    FRAMEWORK_INPUTS_DIR,
+    INPUTS_DIR,
+    check_options,
+    has_framework_wheel,
+    render_entry,
+    write_context,
+)
+from envbuild.build.server import write_mounted
 from envbuild.cli.options import build_options_from
 from envbuild.core.errors import BadInput
 from envbuild.core.models import (
+    BUILDKIT,
     NO_FRAMEWORK_INDEX,
     BaseProbe,
     BuildOptions,
@@ -27,6 +36,7 @@ from envbuild.core.models import (
     Selection,
 )
 from envbuild.core.redact import forget_all, redact
+from envbuild.lock.lockfile import pins
 from envbuild.lock.wheelhouse import framework_index, wheelhouse_files
 from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 
@@ -48,6 +58,23 @@ LOCK = lock_of("torch==2.13.0+cpu", "filelock==3.0.0")
 # A CUDA build's lock: the CUDA libraries as nvidia-* wheels beside the framework.
 CUDA_LOCK = lock_of(
     "torch==2.4.1", "nvidia-cublas-cu12==12.1.3.1", "nvidia_cudnn_cu12==9.1.0.70", "filelock==3.0.0"
+)
+
+# A lock as `envbuild lock` writes it: the framework named in its header, `# via` annotations. Its
+# framework part (torch, the CUDA libraries, what they pull in) is installed below the rest.
+ANNOTATED_LOCK = Lock(
+    entry_id="test",
+    text='# input framework: "torch==2.4.1"\n'
+    + "".join(
+        f"{pin} \\\n    --hash=sha256:{hashlib.sha256(pin.encode()).hexdigest()}\n{via}"
+        for pin, via in (
+            ("filelock==3.0.0", "    # via\n    #   torch\n    #   triton\n"),
+            ("nvidia-cublas-cu12==12.1.3.1", "    # via torch\n"),
+            ("six==1.17.0", ""),
+            ("torch==2.4.1", ""),
+            ("triton==3.0.0", "    # via torch\n"),
+        )
+    ),
 )
 
 
@@ -79,6 +106,8 @@ CASES = {
     "jax-0.10.2-cuda13-mirror": ("0.10.2", "13", "mirror", None),
     "torch-2.13.0-cpu-root": ("2.13.0", "cpu", "root", None),
     "torch-2.4.1-cu121-cuda-libraries": ("2.4.1", "12.1", "cuda-libraries", None),
+    "torch-2.4.1-cu121-framework-part": ("2.4.1", "12.1", "framework-part", None),
+    "torch-2.4.1-cu121-framework-part-buildkit": ("2.4.1", "12.1", "framework-part-buildkit", None),
 }
 
 
@@ -99,6 +128,8 @@ def options_for(kind: str, tmp_path: Path) -> BuildOptions:
             index_url="https://user:s3cret@mirror.example/simple",
             extra_index_urls=("https://token:t0ken@extra.example/simple",),
         )
+    if kind.endswith("-buildkit"):
+        return BuildOptions(builder=BUILDKIT)
     return BuildOptions()
 
 
@@ -109,7 +140,7 @@ def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> 
     chosen = entry(knowledge, version, cuda, framework=framework)
     if kind == "root":  # a matrix's `user: root`
         chosen = dataclasses.replace(chosen, user="root")
-    lock = CUDA_LOCK if kind == "cuda-libraries" else LOCK
+    lock = {"cuda-libraries": CUDA_LOCK}.get(kind, ANNOTATED_LOCK if "framework" in kind else LOCK)
     context = render_entry(chosen, options_for(kind, tmp_path), probe, lock)
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
@@ -117,6 +148,62 @@ def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> 
     assert context.dockerfile == golden.read_text()
     result = subprocess.run([hadolint(), str(golden)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_framework_part_is_installed_below_the_teams_packages(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    context = render_entry(entry(knowledge, "2.4.1", "12.1"), BuildOptions(), None, ANNOTATED_LOCK)
+    assert pins(context.framework_lock) == {
+        "filelock": "3.0.0", "nvidia-cublas-cu12": "12.1.3.1", "torch": "2.4.1", "triton": "3.0.0",
+    }  # fmt: skip
+    lines = context.dockerfile.splitlines()
+    steps = [line for line in lines if line.startswith(("RUN", "COPY"))]
+    installs = [line for line in lines if "/tmp/envbuild/install_env.py" in line]
+    assert len(installs) == 3  # the CUDA libraries, the rest of the framework, the team's
+    assert "COPY install_env.py framework.lock /tmp/envbuild/" in steps
+    assert "COPY envbuild.lock /tmp/envbuild/" in steps
+    # A link planted where framework.lock goes is replaced, never followed.
+    sentinel = tmp_path / "sentinel"
+    sentinel.write_text("untouched\n")
+    (tmp_path / "context").mkdir()
+    (tmp_path / "context" / "framework.lock").symlink_to(sentinel)
+    folder = write_context(context, tmp_path / "context")
+    assert (folder / "framework.lock").read_text() == context.framework_lock
+    assert not (folder / "framework.lock").is_symlink()
+    assert sentinel.read_text() == "untouched\n"
+    # Without annotations (a lock written by hand) the lock is one install, as before.
+    plain = render_entry(entry(knowledge, "2.4.1", "12.1"), BuildOptions(), None, CUDA_LOCK)
+    assert plain.framework_lock == ""
+    assert "framework.lock" not in plain.dockerfile
+
+
+def test_with_buildkit_the_frameworks_runs_bind_its_wheels_alone(
+    knowledge: Knowledge, tmp_path: Path
+) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    names = (
+        "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl",
+        "filelock-3.0.0-py3-none-any.whl",
+        "six-1.17.0-py2.py3-none-any.whl",
+        "requests-9.9.9-py3-none-any.whl",  # not in the lock
+    )
+    for name in names:
+        (wheels / name).write_bytes(b"not really a wheel")
+    options = BuildOptions(builder=BUILDKIT, wheelhouse=wheels)
+    context = render_entry(entry(knowledge, "2.4.1", "12.1"), options, None, ANNOTATED_LOCK)
+    folder = write_context(context, tmp_path / "context")
+    write_mounted(context, folder, tmp_path / "secrets")
+
+    def laid(inputs: str) -> set[str]:
+        return {p.name for p in (folder / inputs / "wheels").iterdir()}
+
+    assert laid(FRAMEWORK_INPUTS_DIR) == set(names[:2])
+    assert laid(INPUTS_DIR) == set(names[:3])
+    for inputs in (FRAMEWORK_INPUTS_DIR, INPUTS_DIR):
+        assert (folder / inputs / "uv").is_file()
+    assert f"source={FRAMEWORK_INPUTS_DIR}," in context.dockerfile
 
 
 def test_credentials_reach_neither_the_dockerfile_nor_a_build_arg_nor_the_context(
