@@ -287,8 +287,8 @@ def write_mounted(context: BuildContext, folder: Path, secrets_dir: Path) -> dic
     """Lay out a BuildKit build's inputs: uv, the wheelhouse's wheels of the lock's packages
     (hard links where the file system allows) and an oversized CA bundle in the context's
     INPUTS_DIR, and the same for the lock's framework part alone in FRAMEWORK_INPUTS_DIR (what
-    the framework's RUNs bind); config.json and the CA bundle as files in `secrets_dir` (made 0700). Return the
-    secrets by id, for `docker build --secret`."""
+    the framework's RUNs bind); config.json and the CA bundle as files in `secrets_dir` (made
+    0700). Return the secrets by id, for `docker build --secret`."""
     served = context.served
     _lay_inputs(folder / INPUTS_DIR, served, pins(context.lock.text) if context.lock else None)
     if context.framework_lock:
