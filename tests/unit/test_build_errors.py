@@ -38,7 +38,7 @@ def test_the_installer_explains_itself_too() -> None:
 def test_otherwise_the_last_output_goes_with_the_engines_message() -> None:
     lines = ["E: Unable to locate package nosuch", "a", "b", "c"]
     assert build_error(SCRIPT, lines) == "a RUN step exited 1 (last output: a | b | c)"
-    assert build_error("no space left on device", []) == "no space left on device"
+    assert build_error("unexpected EOF", []) == "unexpected EOF"
 
 
 def test_colour_codes_around_envbuilds_line_do_not_hide_it() -> None:
@@ -226,3 +226,30 @@ def test_a_hostile_environment_in_the_engines_answer_keeps_the_install_step(env:
     server this host can judge leaves the install step to the 10-minute rule."""
     attrs = {"State": exited(0), "Config": {"Labels": INSTALL, "Env": env}}
     assert left_behind(attrs, now=NOW, alive=lambda run, place: None) is False
+
+
+@pytest.mark.parametrize(
+    ("message", "lines", "where"),
+    [
+        # The classic builder, committing a step's layer (seen in CI with the CUDA build).
+        ("Error processing tar file(exit status 1): write /opt/venv/lib/python3.11/site-packages/"
+         "nvidia/cudnn/lib/libcudnn.so.9: no space left on device", ["envbuild install: inputs 0.0 s"],
+         " writing /opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn.so.9"),
+        # uv inside the step, before envbuild's own line about it (also seen in CI).
+        (SCRIPT, ["error: Failed to download `torch==2.13.0+cpu`",
+                  "  cause: failed to write to file `/tmp/envbuild-install-x/torch/lib/libtorch_cpu.so`: "
+                  "No space left on device (os error 28)",
+                  "envbuild install: uv could not install /tmp/envbuild/framework.lock (exit 1)"],
+         " writing /tmp/envbuild-install-x/torch/lib/libtorch_cpu.so"),
+        ("failed to copy files: no space left on device", [], ""),
+    ],
+)  # fmt: skip
+def test_a_full_disk_is_named_as_the_cause_with_the_fix(
+    message: str, lines: list[str], where: str
+) -> None:
+    line = build_error(message, lines)
+    assert line == (
+        f"the build ran out of disk space{where}; free space where the engine keeps its data "
+        "(`docker system df` shows what uses it; `docker image prune` and `docker builder prune` "
+        "free it) and build again"
+    )
