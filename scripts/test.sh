@@ -30,14 +30,17 @@ bootstrap=$!
 .venv/bin/ruff check envbuild tests
 .venv/bin/mypy
 wait "$bootstrap"
+# The lanes and the runs after them share what a session makes once (tests/support/docker_support.py).
+shared=$(mktemp -d /tmp/envbuild-tests-shared.XXXXXX)
+trap 'rm -rf "$shared"' EXIT
+# uv on the host unpacks a local wheel into its cache once per folder it is found in (700 MB for
+# torch), and the tests' wheelhouses are temporary folders: a cache of the run's own, removed with it.
+export UV_CACHE_DIR="$shared/uv"
 # A short --basetemp: messages shorten long paths, and xdist adds a folder per worker.
 args=("$@")
 if [ "${ENVBUILD_TEST_TIER:-all}" != extended ]; then
   .venv/bin/python -m pytest tests/unit tests/hostile -n 4 --basetemp=/tmp/envbuild-tests "$@"
 fi
-# The lanes and the runs after them share what a session makes once (tests/support/docker_support.py).
-shared=$(mktemp -d /tmp/envbuild-tests-shared.XXXXXX)
-trap 'rm -rf "$shared"' EXIT
 status=0
 # Two tiers of engine tests: main, then extended (fault injection, a corporate network, the
 # CUDA download, bench: tests marked `extended`), each in lanes, then its `alone` tests.
@@ -48,6 +51,7 @@ engine_tier() {  # $1: the marker expression of the tier; $2: keep the images fo
   local selection=$1 keep=$2 code=0
   ENVBUILD_TEST_SHARED=$shared ENVBUILD_TEST_KEEP_IMAGES=1 .venv/bin/python -m pytest \
       tests/integration tests/e2e -n 2 --dist loadfile -m "($selection) and not alone" "${args[@]}" || code=$?
+  free_engine_disk  # the `alone` tests include the CUDA build (6 GB in the image, as much again while it commits)
   # Run even when a lane failed: it reports its own failures, and (last) removes what the tests made.
   ENVBUILD_TEST_SHARED=$shared ENVBUILD_TEST_KEEP_IMAGES=$keep .venv/bin/python -m pytest \
       tests/integration tests/e2e -m "($selection) and alone" "${args[@]}" || code=$((code ? code : $?))
