@@ -102,18 +102,18 @@ def probe_entry_base(
 
 
 def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:
-    """The image envbuild built for this content hash, if the engine still has it.
+    """The newest image envbuild built for this content hash that this engine still has.
 
-    Found by the image id recorded at build time, never by the content-hash label alone: an
-    image built FROM an envbuild image inherits that label and is not ours.
+    Found by an image id recorded at build time, never by the content-hash label alone: an
+    image built FROM an envbuild image inherits that label and is not ours. Another engine's
+    build of the same hash (one data folder, two engines) is another record, not a reason to
+    build again here.
     """
-    record = store.built_image(context.content_hash)
-    if record is None:
-        return None
-    image = engine.image(record.image_id)
-    if image is None or image.labels.get(label_keys.CONTENT_HASH) != context.content_hash:
-        return None
-    return image
+    for record in store.built_images(context.content_hash):
+        image = engine.image(record.image_id)
+        if image is not None and image.labels.get(label_keys.CONTENT_HASH) == context.content_hash:
+            return image
+    return None
 
 
 def build_entry(

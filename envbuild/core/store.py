@@ -167,17 +167,27 @@ class ResultStore:
 
     def built_image(self, content_hash: str) -> BuiltRecord | None:
         """The newest image envbuild built for this content hash, or None."""
+        found = self.built_images(content_hash, limit=1)
+        return found[0] if found else None
+
+    def built_images(self, content_hash: str, *, limit: int = 100) -> list[BuiltRecord]:
+        """The images envbuild built for this content hash, newest first, one per image id: one
+        per engine that built it (a local engine, a remote one, rootless, Podman) and per build
+        that did not reuse an earlier one (--no-cache)."""
         with self._connect() as db:
-            row = db.execute(
+            rows = db.execute(
                 "SELECT content_hash, entry_id, image_ref, image_id, created FROM built "
-                "WHERE content_hash = ? ORDER BY created DESC, rowid DESC LIMIT 1",
-                (content_hash,),
-            ).fetchone()
-        if row is None:
-            return None
-        return BuiltRecord(
-            content_hash=row[0], entry_id=row[1], image_ref=row[2], image_id=row[3], created=row[4]
-        )
+                "WHERE content_hash = ? ORDER BY created DESC, rowid DESC LIMIT ?",
+                (content_hash, limit * 10),
+            ).fetchall()
+        found: dict[str, BuiltRecord] = {}
+        for row in rows:
+            if row[3] not in found and len(found) < limit:
+                found[row[3]] = BuiltRecord(
+                    content_hash=row[0], entry_id=row[1], image_ref=row[2], image_id=row[3],
+                    created=row[4],
+                )  # fmt: skip
+        return list(found.values())
 
     def record_provenance(self, image_id: str, facts: dict[str, Any]) -> None:
         """Keep how envbuild built this image (base, Dockerfile, installer, times), for its

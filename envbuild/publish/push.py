@@ -90,8 +90,8 @@ def candidate(
         raise BadInput(msg)
     content_hash = image.labels.get(label_keys.CONTENT_HASH)
     if content_hash is not None:
-        record = store.built_image(content_hash)
-        if record is None:
+        records = store.built_images(content_hash)
+        if not records:
             msg = (
                 f"refusing to publish {ref}: image {image.id[:19]} carries envbuild's content hash "
                 f"{content_hash[:12]}, but envbuild has no record of building it here (an image "
@@ -99,7 +99,8 @@ def candidate(
                 "`envbuild build` to publish envbuild's own image"
             )
             raise NotOurs(msg)
-        if record.image_id != image.id:
+        if image.id not in {record.image_id for record in records}:
+            record = records[0]  # the newest: what `envbuild build` would restore
             msg = (
                 f"refusing to publish {ref}: it is image {image.id[:19]}, but envbuild built "
                 f"{record.image_id[:19]} for {record.entry_id} (content hash {content_hash[:12]}); "

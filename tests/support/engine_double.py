@@ -68,6 +68,9 @@ class InMemoryEngine:
     """Implements envbuild.engine.interface.Engine over dictionaries; every call is recorded."""
 
     nvidia: bool = False
+    # Goes into the id of every image it builds: two engines never build the same id, as two real
+    # ones do not (the image's config holds its creation time); a base loaded into both is one id.
+    name: str = "engine"
     images: dict[str, Image] = field(default_factory=dict)
     bases: dict[str, BaseProbe] = field(default_factory=dict)
     outputs: dict[str, RunResult] = field(default_factory=dict)  # image id or tag -> result
@@ -183,7 +186,8 @@ class InMemoryEngine:
             raise BuildFailed(self.failing_builds[tag])
         # The image carries its Dockerfile's LABELs and the build's, as a real engine's does.
         image_id = self.add_image(
-            f"build {number}\n{dockerfile}", labels={**dockerfile_labels(dockerfile), **labels}
+            f"build {number} on {self.name}\n{dockerfile}",
+            labels={**dockerfile_labels(dockerfile), **labels},
         )
         if tag is not None:
             self.tag(image_id, tag)

@@ -111,6 +111,24 @@ def test_the_same_content_hash_is_found_not_rebuilt(
     assert len(double.builds) == 1
 
 
+def test_another_engines_build_of_the_same_hash_neither_hides_nor_replaces_this_ones(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, tmp_path: Path
+) -> None:
+    # One data folder, two engines: the local one built the entry, then a remote one did
+    # (an image id the local engine does not have). The local build is still found here.
+    context = context_for(double, knowledge)
+    first = build_entry(double, context, store=store)
+    other = InMemoryEngine(name="remote")
+    elsewhere = build_entry(other, context_for(other, knowledge), store=store)
+    assert elsewhere.built
+    assert elsewhere.id != first.id
+
+    again = build_entry(double, context, store=store)
+    assert not again.built
+    assert again.id == first.id
+    assert len(double.builds) == 1
+
+
 def test_no_cache_rebuilds_what_exists(
     double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
 ) -> None:

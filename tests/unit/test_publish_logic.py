@@ -101,6 +101,20 @@ def test_a_tag_moved_to_another_image_is_refused(
     assert "restore the tag" in refused.value.message
 
 
+def test_each_engines_own_build_of_one_entry_is_a_candidate_there(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
+) -> None:
+    # One data folder, two engines: the later build on the other engine (a newer record of the
+    # same content hash) does not make this engine's own image look moved.
+    entry, image_id = built(double, knowledge, store)
+    other = InMemoryEngine(name="remote")
+    _, elsewhere = built(other, knowledge, store)
+    assert elsewhere != image_id
+
+    assert candidate(double, store, entry.image).image_id == image_id
+    assert candidate(other, store, entry.image).image_id == elsewhere
+
+
 def test_an_image_without_envbuild_labels_is_named_by_its_reference(
     double: InMemoryEngine, store: ResultStore
 ) -> None:

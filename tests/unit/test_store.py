@@ -126,6 +126,18 @@ def test_rebuilding_a_content_hash_replaces_the_image_it_names(store: ResultStor
     assert found.image_id == IMAGE_B
 
 
+def test_each_engine_that_built_a_content_hash_keeps_its_own_record(store: ResultStore) -> None:
+    # One data folder, two engines (the local one and a remote or rootless one): each built the
+    # same content into an image of its own; neither record hides the other.
+    store.record_built(HASH, "entry", "team/torch:2.4", IMAGE_A)
+    store.record_built(HASH, "entry", "team/torch:2.4", IMAGE_B)
+    store.record_built(HASH, "entry", "team/torch:2.4", IMAGE_A)  # built again on the first
+
+    assert [record.image_id for record in store.built_images(HASH)] == [IMAGE_A, IMAGE_B]
+    assert [record.image_id for record in store.built_images(HASH, limit=1)] == [IMAGE_A]
+    assert store.built_images("d" * 64) == []
+
+
 # -- publications -----------------------------------------------------------------------
 
 
