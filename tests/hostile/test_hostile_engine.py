@@ -143,7 +143,8 @@ COMMANDS = (
         ("doctor",),
         0,
         frozenset((*CONNECT, "GET /info")),
-        client=frozenset(("? POST /session", "POST /build")),
+        # On its way out the client may cancel its build session, or not: a race in the client.
+        client=frozenset(("? POST /session", "POST /build", "? POST /build/cancel")),
     ),
     Command(
         "base bootstrap", ("base", "bootstrap", "--tag", IMAGE), 0, frozenset((*CONNECT, *IMAGES))
@@ -343,13 +344,23 @@ def test_a_hostile_engine_answer_ends_as_it_means(
         assert left == [], engine.asked()
 
 
+def unversioned(asked: str) -> str:
+    """A request the corpus does not know ("? POST /v1.41/build/cancel?id=..."), as the client
+    sets name it: without the API version and the query."""
+    if not asked.startswith("? "):
+        return asked
+    method, _, path = asked[2:].partition(" ")
+    path = re.sub(r"^/v[0-9]+\.[0-9]+(?=/)", "", path.split("?", 1)[0])
+    return f"? {method} {path}"
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
 def test_each_command_asks_what_its_cases_break(command: Command, tmp_path: Path) -> None:
     with HostileEngine(missing=command.missing) as engine:
         ran = run(command, tmp_path, engine)
     ended_cleanly(ran)
     assert ran.result.returncode == command.baseline, ran.result.stderr[-3000:]
-    assert set(engine.asked()) - command.client == command.reaches
+    assert {unversioned(asked) for asked in engine.asked()} - command.client == command.reaches
     assert engine.left_behind() == []
 
 
