@@ -97,6 +97,11 @@ def selectors(func: F) -> F:
             help="Matrix file (default: every release in the knowledge base).",
         ),
         click.option("--os", "os_name", metavar="OS", help="OS base, e.g. bookworm."),
+        click.option(
+            "--platform",
+            metavar="OS/ARCH[,...]",
+            help="linux/amd64, linux/arm64, or both comma-separated (default: this host's).",
+        ),
         click.option("--python", metavar="X.Y", help="Python version, e.g. 3.11."),
         click.option(
             "--cuda",
@@ -160,7 +165,29 @@ def selection_from(kwargs: dict[str, Any]) -> Selection:
         cuda=selected,
         python=kwargs.pop("python"),
         os=kwargs.pop("os_name"),
+        platform=platforms_from(kwargs.pop("platform", None)),
     )
+
+
+def platforms_from(value: str | None) -> str | None:
+    """--platform's platforms, each as envbuild names it, comma-separated; None when not given."""
+    from envbuild.core.errors import BadInput
+    from envbuild.core.names import shown
+    from envbuild.core.platforms import PLATFORMS, platform_of
+
+    if value is None:
+        return None
+    named = []
+    for part in value.split(",") if len(value) <= 200 else [value]:
+        platform = platform_of(part)
+        if platform is None:
+            msg = (
+                f"--platform {shown(value, 60)}: {shown(part, 40)} is not a platform envbuild "
+                f"builds for; give {' or '.join(PLATFORMS)}, or both comma-separated"
+            )
+            raise BadInput(msg)
+        named.append(platform)
+    return ",".join(dict.fromkeys(named))
 
 
 def plan_from(

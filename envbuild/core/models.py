@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.core.labels import CONTENT_HASH
+from envbuild.core.platforms import AMD64
 
 CPU = "cpu"
 # Which GPUs a container gets: every one, none, or every one where the engine has NVIDIA's runtime.
@@ -128,6 +129,22 @@ class ArchBuild:
     ptx: bool  # PTX for the newest target too: runs JIT-compiled on newer GPUs
     min_cc: str | None
     source: str
+    platform: str = AMD64  # the wheels' platform (aarch64 builds target other GPUs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlatformBuild:
+    """What a framework publishes for a platform other than linux/amd64 (platforms.yaml): for
+    the releases `versions` selects, each build variant and where it comes from."""
+
+    platform: str  # linux/arm64
+    framework: str
+    versions: str  # a PEP 440 specifier: ">=2.11", ">=2.0,<2.11"
+    # variant ("cpu", "13.0", a major "12") -> "plain" (`<package>==<version>` from PyPI: what a
+    # plain install gets on that platform) or "variant" (its requirement and index, as on amd64)
+    variants: dict[str, str]
+    note: str | None  # why a variant is missing (an exclusion says it)
+    source: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +160,8 @@ class Knowledge:
     gpus: dict[str, Gpu]
     cuda_targets: dict[str, tuple[str, str | None, str]]  # CC -> (first CUDA, last CUDA, source id)
     arch_builds: tuple[ArchBuild, ...]
-    sources: dict[str, str] = field(default_factory=dict)  # source id "file:key" -> source text
+    sources: dict[str, str] = field(default_factory=dict)
+    platform_builds: tuple[PlatformBuild, ...] = ()  # source id "file:key" -> source text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +194,7 @@ class Combination:
     cuda: str
     python: str
     os: str
+    platform: str = AMD64  # linux/amd64 or linux/arm64 (core.platforms)
 
     def as_dict(self) -> dict[str, str]:
         """The fields as a plain mapping."""
@@ -185,6 +204,7 @@ class Combination:
             "cuda": self.cuda,
             "python": self.python,
             "os": self.os,
+            "platform": self.platform,
         }
 
 
@@ -197,6 +217,7 @@ class Selection:
     cuda: str | None = None  # "cpu", a major "12", or "12.1"
     python: str | None = None
     os: str | None = None
+    platform: str | None = None  # linux/amd64 or linux/arm64, as core.platforms names them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,6 +248,7 @@ class Entry:
     # They go into the lock, never into the id or the tag.
     packages: tuple[str, ...] = ()
     user: str = IMAGE_USER  # one of USER_CHOICES: who the image runs as
+    platform: str = AMD64  # what the image is built for (core.platforms)
 
     @property
     def user_spec(self) -> str:
@@ -241,6 +263,7 @@ class Entry:
             cuda=self.cuda,
             python=self.python,
             os=self.os,
+            platform=self.platform,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -254,6 +277,7 @@ class Entry:
             "nccl": self.nccl,
             "python": self.python,
             "os": self.os,
+            "platform": self.platform,
             "base_image": self.base_image,
             "image": self.image,
             "packages": list(self.packages),

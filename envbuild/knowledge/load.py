@@ -7,11 +7,17 @@ ones included; the framework files by knowledge_frameworks.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from envbuild.core.errors import MatrixError
-from envbuild.core.models import ArchBuild, Gpu, Knowledge, OsBase
+from envbuild.core.models import ArchBuild, Gpu, Knowledge, OsBase, PlatformBuild
+from envbuild.core.names import shown
+from envbuild.core.platforms import AMD64, PLATFORMS
 from envbuild.core.resources import matrices_dir
 from envbuild.core.yamlfile import yaml_kind
 from envbuild.knowledge.frameworks import load_framework
@@ -24,6 +30,7 @@ from envbuild.knowledge.schema import (
     NAME,
     PYTHON,
     SERIES,
+    VARIANT_NAME,
     Checker,
     read_knowledge_file,
 )
@@ -136,7 +143,7 @@ def _load_os(path: Path) -> tuple[dict[str, OsBase], Checker]:
 
 
 GPU_KEYS = ("cc", "arch", "memory_gb", "source")
-BUILD_KEYS = ("versions", "cuda", "sm", "ptx", "min_cc", "source")
+BUILD_KEYS = ("versions", "cuda", "sm", "ptx", "min_cc", "source", "platform")
 
 
 def _load_gpus(
@@ -207,9 +214,95 @@ def _load_gpus(
                         where, item, "min_cc", pattern=CC, hint="a compute capability"
                     ),
                     source=check.source(where, item),
+                    platform=_platform(check, where, item),
                 )
             )
     return gpus, targets, tuple(builds), check
+
+
+def _platform(check: Checker, where: str, item: dict[str, Any]) -> str:
+    """A row's `platform`: one of PLATFORMS as envbuild writes them; linux/amd64 when absent."""
+    value = check.text(where, item, "platform")
+    if value is not None and value not in PLATFORMS:
+        check.fail(f"{where}.platform", f"{shown(value)} is not one of {', '.join(PLATFORMS)}")
+    return value if value in PLATFORMS else AMD64
+
+
+PLATFORM_KEYS = ("versions", "variants", "note", "source")
+# plain: `<package>==<version>` from PyPI, what a plain install gets on that platform;
+# variant: the variant's own requirement and index, as on linux/amd64.
+WHERE_FROM = ("plain", "variant")
+
+
+def _load_platforms(
+    path: Path, frameworks: Collection[str]
+) -> tuple[tuple[PlatformBuild, ...], Checker]:
+    """platforms.yaml: for each platform beside linux/amd64, what each framework publishes."""
+    data = read_knowledge_file(path)
+    check = Checker(path, data, ("sources", "platforms"))
+    rows = []
+    others = tuple(p for p in PLATFORMS if p != AMD64)
+    tables = check.table("", data, "platforms")
+    check.keys("platforms", tables, others)  # amd64's facts are in the framework files
+    for platform, table in tables.items():
+        if platform not in others:
+            continue
+        table = check.mapping(f"platforms.{platform}", table, tuple(frameworks))
+        for framework, listed in table.items():
+            if not isinstance(listed, list):
+                check.fail(
+                    f"platforms.{platform}.{framework}", f"expected a list, got {yaml_kind(listed)}"
+                )
+                continue
+            for i, raw in enumerate(listed):
+                where = f"platforms.{platform}.{framework}[{i}]"
+                item = check.mapping(where, raw, PLATFORM_KEYS)
+                versions = check.text(where, item, "versions", required=True)
+                if versions is not None:
+                    try:
+                        SpecifierSet(versions)
+                    except InvalidSpecifier:
+                        check.fail(
+                            f"{where}.versions",
+                            f"{shown(versions)} is not a version specifier (e.g. '>=2.11')",
+                        )
+                        versions = None
+                listed_variants = item.get("variants")
+                if listed_variants is not None and not isinstance(listed_variants, dict):
+                    check.fail(
+                        f"{where}.variants",
+                        f"expected a mapping of variant: plain or variant, got {yaml_kind(listed_variants)}",
+                    )
+                kept = {}
+                for name, origin in (
+                    listed_variants.items() if isinstance(listed_variants, dict) else ()
+                ):
+                    if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
+                        check.fail(
+                            f"{where}.variants",
+                            f"{shown(str(name))} is not a variant (cpu or a CUDA version)",
+                        )
+                    elif origin not in WHERE_FROM:
+                        check.fail(
+                            f"{where}.variants.{name}",
+                            f"expected {' or '.join(WHERE_FROM)}, got {shown(str(origin))}",
+                        )
+                    else:
+                        kept[name] = origin
+                note = check.text(where, item, "note")
+                source = check.source(where, item)
+                if versions is not None:
+                    rows.append(
+                        PlatformBuild(
+                            platform=platform,
+                            framework=framework,
+                            versions=versions,
+                            variants=kept,
+                            note=note,
+                            source=source,
+                        )
+                    )
+    return tuple(rows), check
 
 
 def load_knowledge(directory: Path | None = None) -> Knowledge:
@@ -231,7 +324,8 @@ def _load_cached(directory: Path) -> Knowledge:
     cudnn, cudnn_check = _load_cudnn(directory / "cudnn.yaml")
     os_bases, os_check = _load_os(directory / "os.yaml")
     gpus, targets, builds, gpu_check = _load_gpus(directory / "gpus.yaml")
-    for check in (cuda_check, cudnn_check, os_check, gpu_check):
+    platform_builds, platform_check = _load_platforms(directory / "platforms.yaml", frameworks)
+    for check in (cuda_check, cudnn_check, os_check, gpu_check, platform_check):
         problems += check.problems
         sources.update(check.qualified_sources())
     if problems:
@@ -247,4 +341,5 @@ def _load_cached(directory: Path) -> Knowledge:
         cuda_targets=targets,
         arch_builds=builds,
         sources=sources,
+        platform_builds=platform_builds,
     )

@@ -1,5 +1,5 @@
 """Locks: each entry's environment resolved on the host with uv, every distribution pinned with
-its hashes, for the image's platform (its Python, x86_64, the glibc of its OS).
+its hashes, for the image's platform (its Python, its machine (x86_64, aarch64), the glibc of its OS).
 
 A lock file is a header of `#` lines (envbuild's version, the entry, a summary, each input and
 `# inputs: sha256:<hex>` of them all), then `uv pip compile --generate-hashes` output. It is

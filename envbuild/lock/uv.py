@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.models import BuildOptions, Entry, Knowledge
 from envbuild.core.places import uv_cache_dir
+from envbuild.core.platforms import MACHINE
 from envbuild.core.redact import redact
 from envbuild.lock.reach import Reachability
 from envbuild.lock.wheelhouse import framework_index
@@ -31,7 +32,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def platform_tag(entry: Entry, knowledge: Knowledge) -> str:
-    """uv's --python-platform for the entry's image: x86_64-manylinux_<glibc of its OS>."""
+    """uv's --python-platform for the entry's image: <its machine>-manylinux_<glibc of its OS>
+    (x86_64-manylinux_2_36; aarch64-manylinux_2_36 for linux/arm64)."""
     base = knowledge.os_bases.get(entry.os)
     if base is None or base.glibc is None:
         msg = (
@@ -39,7 +41,7 @@ def platform_tag(entry: Entry, knowledge: Knowledge) -> str:
             "version of that OS (e.g. '2.36') with its glibc_source"
         )
         raise BadInput(msg)
-    return "x86_64-manylinux_" + base.glibc.replace(".", "_")
+    return f"{MACHINE[entry.platform]}-manylinux_" + base.glibc.replace(".", "_")
 
 
 def clean(text: str) -> str:

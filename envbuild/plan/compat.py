@@ -10,8 +10,22 @@ import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from envbuild.core.models import CPU, Combination, Entry, Fact, Fleet, Install, Knowledge, Release
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from envbuild.core.models import (
+    CPU,
+    Combination,
+    Entry,
+    Fact,
+    Fleet,
+    Install,
+    Knowledge,
+    PlatformBuild,
+    Release,
+)
 from envbuild.core.names import expand_repository
+from envbuild.core.platforms import AMD64, tag_suffix
 from envbuild.core.versions import cuda_tag, version_sort_key
 
 # Re-exported (`as`): the GPU rules live in gpu_compat; callers of compat still find them here.
@@ -213,6 +227,61 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def platform_builds(knowledge: Knowledge, combo: Combination) -> list[PlatformBuild]:
+    """The rows of platforms.yaml for the combination's platform, framework and release."""
+    version = Version(combo.framework_version)
+    return [
+        row
+        for row in knowledge.platform_builds
+        if row.platform == combo.platform
+        and row.framework == combo.framework
+        and SpecifierSet(row.versions).contains(version, prereleases=True)
+    ]
+
+
+def _platform_variant(rows: list[PlatformBuild], cuda: str) -> tuple[PlatformBuild, str] | None:
+    for row in rows:
+        if cuda in row.variants:
+            return row, row.variants[cuda]
+    return None
+
+
+def platform_publishes(knowledge: Knowledge, combo: Combination) -> Fact:
+    """Off linux/amd64, the release must publish this variant's wheels for the platform: what
+    exists on aarch64 differs (torch up to 2.10 is a CPU build on PyPI; no CUDA TensorFlow)."""
+    name = f"{combo.framework} {combo.framework_version}"
+    rows = platform_builds(knowledge, combo)
+    if not rows:
+        return Fact(
+            holds=False,
+            text=(
+                f"{name} is not known to publish wheels for {combo.platform} "
+                "(matrices/knowledge/platforms.yaml lists none for that release)"
+            ),
+            source="matrices/knowledge/platforms.yaml",
+        )
+    found = _platform_variant(rows, combo.cuda)
+    if found is not None:
+        row, origin = found
+        where = "on PyPI (a plain install)" if origin == "plain" else "where linux/amd64's is"
+        return Fact(
+            holds=True,
+            text=f"{name} publishes a {_what(combo.cuda)} build for {combo.platform} {where}",
+            source=_source(knowledge, row.source),
+        )
+    offered = sorted(
+        {v for row in rows for v in row.variants}, key=lambda v: (v != CPU, version_sort_key(v))
+    )
+    has = ", ".join(_what(v) for v in offered) or "nothing"
+    notes = "; ".join(row.note for row in rows if row.note)
+    return Fact(
+        holds=False,
+        text=f"{name} has no {_what(combo.cuda)} build for {combo.platform} (it has {has})"
+        + (f": {notes}" if notes else ""),
+        source=_source(knowledge, rows[0].source),
+    )
+
+
 def driver_supports(knowledge: Knowledge, cuda: str, driver: str) -> Fact:
     """Whether a host driver runs builds for `cuda` (minor-version compatibility)."""
     if cuda == CPU:
@@ -251,6 +320,10 @@ def judge(knowledge: Knowledge, combo: Combination, fleet: Fleet | None = None) 
         facts.append(fact)
         if not fact.holds:
             return tuple(facts)
+    if combo.platform != AMD64:  # what the releases above publish is for linux/amd64
+        facts.append(platform_publishes(knowledge, combo))
+        if not facts[-1].holds:
+            return tuple(facts)
     if fleet is not None:
         if fleet.driver is not None:
             facts.append(driver_supports(knowledge, combo.cuda, fleet.driver))
@@ -264,8 +337,9 @@ def judge(knowledge: Knowledge, combo: Combination, fleet: Fleet | None = None) 
 
 
 def image_tag(combo: Combination) -> str:
-    """The tag an entry's image gets: 2.13.0-cpu-py3.11-bookworm."""
-    return f"{combo.framework_version}-{cuda_tag(combo.cuda)}-py{combo.python}-{combo.os}"
+    """The tag an entry's image gets: 2.13.0-cpu-py3.11-bookworm (-arm64 for linux/arm64)."""
+    tag = f"{combo.framework_version}-{cuda_tag(combo.cuda)}-py{combo.python}-{combo.os}"
+    return tag + tag_suffix(combo.platform)
 
 
 def entry_id(combo: Combination) -> str:
@@ -284,7 +358,11 @@ def resolve_entry(
     assert variant is not None
     base = knowledge.os_bases[combo.os]
     tag = image_tag(combo)
-    if variant.requirement is not None:
+    there = _platform_variant(platform_builds(knowledge, combo), combo.cuda)
+    if combo.platform != AMD64 and there is not None and there[1] == "plain":
+        # What a plain install gets there (torch 2.10 on aarch64: the CPU build, no +cpu).
+        install = Install(requirement=f"{framework.package}=={release.version}", index_url=None)
+    elif variant.requirement is not None:
         install = Install(
             requirement=variant.requirement.replace("{version}", release.version),
             index_url=framework.indexes[variant.index] if variant.index else None,
@@ -303,14 +381,16 @@ def resolve_entry(
         framework=combo.framework,
         framework_version=combo.framework_version,
         cuda=combo.cuda,
-        cudnn=variant.cudnn,
-        nccl=variant.nccl,
+        # The pins read from linux/amd64 wheels: another platform's may differ, so none is claimed.
+        cudnn=variant.cudnn if combo.platform == AMD64 else None,
+        nccl=variant.nccl if combo.platform == AMD64 else None,
         python=combo.python,
         os=combo.os,
         base_image=base_image,
         image=f"{expand_repository(repository, combo.framework)}:{tag}",
         install=install,
         facts=facts,
+        platform=combo.platform,
     )
 
 

@@ -35,7 +35,7 @@ def _cuda_matches(pattern: str, cuda: str) -> bool:
 def arch_build(knowledge: Knowledge, combo: Combination) -> ArchBuild | None:
     """The row of gpus.yaml saying which architectures this framework build targets."""
     for row in knowledge.arch_builds:
-        if row.framework != combo.framework:
+        if row.framework != combo.framework or row.platform != combo.platform:
             continue
         if "*" not in row.versions and _series(combo.framework_version) not in row.versions:
             continue

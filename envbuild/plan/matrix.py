@@ -46,11 +46,12 @@ def knowledge_matrix(knowledge: Knowledge, selection: Selection, defaults: Matri
     check_selection(selection)
     python = selection.python or defaults.python
     os_name = selection.os or defaults.os
+    platforms = (selection.platform or defaults.platform).split(",")
     points: list[dict[str, str]] = []
     for name in sorted(knowledge.frameworks):
         releases = knowledge.frameworks[name].releases
         cudas = {v.cuda for r in releases for v in r.variants} - {CPU}
-        for release in releases:
+        for release, platform in itertools.product(releases, platforms):
             for cuda in (CPU, *sorted(cudas, key=version_sort_key)):
                 points.append(
                     {
@@ -59,6 +60,7 @@ def knowledge_matrix(knowledge: Knowledge, selection: Selection, defaults: Matri
                         "cuda": cuda,
                         "python": python,
                         "os": os_name,
+                        "platform": platform,
                     }
                 )
     return Matrix(
@@ -68,6 +70,7 @@ def knowledge_matrix(knowledge: Knowledge, selection: Selection, defaults: Matri
         exclude=(),
         python=python,
         os=os_name,
+        platform=platforms[0],
         repository=defaults.repository,
     )
 
@@ -96,6 +99,9 @@ def _point_matches(
         elif key == "cuda":
             if not cuda_matches(value, fields[key]):
                 return False
+        elif key == "platform":  # --platform may name several
+            if fields[key] not in value.split(","):
+                return False
         elif fields[key] != value:
             return False
     return True
@@ -118,6 +124,7 @@ def _selectors(selection: Selection) -> list[tuple[str, str]]:
             ("cuda", selection.cuda),
             ("python", selection.python),
             ("os", selection.os),
+            ("platform", selection.platform),
         )
         if value is not None
     ]
@@ -154,15 +161,16 @@ def combinations(matrix: Matrix, knowledge: Knowledge) -> list[tuple[Combination
     """Every combination of the axes plus the includes, each with an exclude reason or None."""
     releases = release_versions(knowledge)
     seen: dict[Combination, str | None] = {}
-    for framework, version, cuda, python, os_name in itertools.product(
+    for framework, version, cuda, python, os_name, platform in itertools.product(
         *(matrix.axes[a] for a in AXES)
     ):
         resolved = _resolve_version(knowledge, framework, version)
         if resolved is None:
             continue
         combo = Combination(
-            framework=framework, framework_version=resolved, cuda=cuda, python=python, os=os_name
-        )
+            framework=framework, framework_version=resolved, cuda=cuda, python=python, os=os_name,
+            platform=platform,
+        )  # fmt: skip
         reason = None
         for i, point in enumerate(matrix.exclude):
             if _point_matches(point, combo, releases):
@@ -189,6 +197,7 @@ def _include_combination(
         cuda=point.get("cuda", CPU),
         python=point.get("python", matrix.python),
         os=point.get("os", matrix.os),
+        platform=point.get("platform", matrix.platform),
     )
 
 
@@ -333,7 +342,10 @@ def describe(selection: Selection) -> str:
 def _points(matrix: Matrix) -> list[dict[str, str]]:
     """The matrix's axes combined (unresolved) and its includes, every axis filled in."""
     first = matrix.axes["framework"][0] if matrix.axes["framework"] else None
-    defaults = {"framework_version": LATEST, "cuda": CPU, "python": matrix.python, "os": matrix.os}
+    defaults = {
+        "framework_version": LATEST, "cuda": CPU, "python": matrix.python, "os": matrix.os,
+        "platform": matrix.platform,
+    }  # fmt: skip
     points = [
         dict(zip(AXES, values, strict=True))
         for values in itertools.product(*(matrix.axes[a] for a in AXES))
@@ -346,7 +358,7 @@ def _points(matrix: Matrix) -> list[dict[str, str]]:
 
 
 def _sorted(axis: str, values: set[str]) -> list[str]:
-    if axis in ("framework", "os"):
+    if axis in ("framework", "os", "platform"):
         return sorted(values)
     return sorted(values, key=lambda v: (v != CPU, version_sort_key(v)))
 

@@ -13,6 +13,7 @@ from typing import Any
 from envbuild.core.errors import BadInput, MatrixError
 from envbuild.core.models import CPU, IMAGE_UID, IMAGE_USER, USER_CHOICES, Knowledge
 from envbuild.core.names import repository_problem, shown
+from envbuild.core.platforms import PLATFORMS, host_platform, platform_of
 from envbuild.core.resources import matrices_dir
 from envbuild.core.versions import version_sort_key
 from envbuild.core.yamlfile import path_label, read_yaml, yaml_kind
@@ -23,11 +24,12 @@ from envbuild.plan.packages import (
     read_requirements,
 )
 
-AXES = ("framework", "framework_version", "cuda", "python", "os")
+AXES = ("framework", "framework_version", "cuda", "python", "os", "platform")
 TOP_KEYS = ("description", "defaults", "axes", "include", "exclude")
 PACKAGE_KEYS = ("packages", "requirements")
 DEFAULT_KEYS = (
-    "python", "os", "repository", "framework_version", "cuda", *PACKAGE_KEYS, "numpy", "user",
+    "python", "os", "platform", "repository", "framework_version", "cuda", *PACKAGE_KEYS, "numpy",
+    "user",
 )  # fmt: skip
 INCLUDE_KEYS = (*AXES, *PACKAGE_KEYS, "user")
 LATEST = "latest"
@@ -38,6 +40,7 @@ EXAMPLES = {
     "cuda": "[cpu, '12.1']",
     "python": "['3.11']",
     "os": "[bookworm]",
+    "platform": "[linux/amd64, linux/arm64]",
 }
 
 # Bounds that keep a matrix file from asking for hours of work: the axes multiply.
@@ -62,6 +65,7 @@ class Matrix:
     python: str
     os: str
     repository: str
+    platform: str = "linux/amd64"  # defaults.platform, else the host's
     # The team's packages (normalized; numpy not yet added): for every entry, and per include.
     packages: tuple[str, ...] = ()
     include_packages: tuple[tuple[str, ...], ...] = ()
@@ -199,6 +203,14 @@ class _Validator:
         elif axis == "os" and text not in known.os_bases:
             self.fail(where, f"{text!r} is not a known OS{_suggest(text, list(known.os_bases))}")
             return None
+        elif axis == "platform":
+            named = platform_of(text)
+            if named is None:
+                self.fail(
+                    where,
+                    f"{text!r} is not a platform envbuild builds for (use {' or '.join(PLATFORMS)})",
+                )
+            return named
         return text
 
     def is_release(self, text: str) -> bool:
@@ -441,7 +453,7 @@ def _validate(check: _Validator, data: dict[Any, Any]) -> _Sections:
 def _axis_defaults(check: _Validator, defaults_raw: dict[str, Any]) -> dict[str, str]:
     """The defaults that stand for an axis left out of `axes`, each checked as an axis value."""
     defaults: dict[str, str] = {}
-    for key in ("python", "os", "framework_version", "cuda"):
+    for key in ("python", "os", "platform", "framework_version", "cuda"):
         if key in defaults_raw:
             value = check.value(f"defaults.{key}", key, defaults_raw[key])
             if value is not None:
@@ -505,12 +517,14 @@ def _assemble(label: str, sections: _Sections) -> Matrix:
     defaults = sections.defaults
     python = defaults.get("python", "3.11")
     os_name = defaults.get("os", "bookworm")
+    platform = defaults.get("platform", host_platform())
     axes = dict(sections.axes)
     axes.setdefault("framework", ())  # none: a matrix of includes alone
     axes.setdefault("framework_version", (defaults.get("framework_version", LATEST),))
     axes.setdefault("cuda", (defaults.get("cuda", CPU),))
     axes.setdefault("python", (python,))
     axes.setdefault("os", (os_name,))
+    axes.setdefault("platform", (platform,))
     count = math.prod(len(axes[a]) for a in AXES) + len(sections.include)
     if count > MAX_COMBINATIONS:
         msg = (
@@ -525,6 +539,7 @@ def _assemble(label: str, sections: _Sections) -> Matrix:
         exclude=sections.exclude,
         python=python,
         os=os_name,
+        platform=platform,
         repository=sections.repository,
         packages=sections.packages,
         include_packages=sections.include_packages,

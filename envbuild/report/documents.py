@@ -12,6 +12,7 @@ from envbuild import __version__
 from envbuild.core.atomic import write_atomically
 from envbuild.core.errors import BadInput
 from envbuild.core.models import Fact, Plan
+from envbuild.core.platforms import AMD64
 from envbuild.core.redact import redact
 from envbuild.core.results import EntryResult, SmokeResult
 
@@ -88,7 +89,8 @@ def plan_table(plan: Plan, *, explain: bool = False) -> list[str]:
     for excluded in plan.excluded:
         c = excluded.combination
         lines.append(
-            f"  excluded {c.framework} {c.framework_version} {c.cuda} py{c.python} {c.os}: {excluded.reason}"
+            f"  excluded {c.framework} {c.framework_version} {c.cuda} py{c.python} {c.os}"
+            f"{'' if c.platform == AMD64 else ' ' + c.platform}: {excluded.reason}"
         )
         if explain:
             lines += _fact_lines(excluded.facts)

@@ -328,7 +328,9 @@ def number_cases() -> Iterator[Case]:
         "sexagesimal": "1" + ":30" * 2000,
         "underscores": "1_" * 2500 + "1",
     }.items():
-        for place in ("framework_version: [{v}]", "cuda: [{v}]", "python: [{v}]"):
+        for place in (
+            "framework_version: [{v}]", "cuda: [{v}]", "python: [{v}]", "platform: [{v}]"
+        ):  # fmt: skip
             axis = place.split(":")[0]
             text = "axes: {framework: [torch], " + place.format(v=value) + "}\n"
             # YAML 1.1 reads "1e5" as a string (its floats need a dot): then it is too long
@@ -365,6 +367,11 @@ def control_cases() -> Iterator[Case]:
         yield Case(
             f"control-{code:04x}-in-version",
             f'axes: {{framework: [torch], cuda: ["cpu{escaped}"]}}\n'.encode(),
+            fails=True,
+        )
+        yield Case(
+            f"control-{code:04x}-in-platform",
+            f'axes: {{framework: [torch], platform: ["linux/arm64{escaped}"]}}\n'.encode(),
             fails=True,
         )
 

@@ -40,6 +40,7 @@ def test_plan_json_lists_only_releases_that_publish_cu121(knowledge: Knowledge) 
         "nccl",
         "python",
         "os",
+        "platform",
         "base_image",
         "image",
         "packages",

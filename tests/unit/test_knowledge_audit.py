@@ -266,6 +266,7 @@ ENTRIES = {
     "cudnn.yaml": [("releases", "*")],
     "os.yaml": [("bases", "*")],
     "gpus.yaml": [("gpus", "*"), ("cuda_targets", "*"), ("builds", "*", "*")],
+    "platforms.yaml": [("platforms", "*", "*", "*")],
 }  # fmt: skip
 SOURCE_KEYS = ("source", "python_source", "variants_verified")
 
