@@ -7,11 +7,24 @@ from typing import Any
 
 from envbuild.core.errors import BadInput
 from envbuild.core.models import CPU, Entry, Plan, Selection
+from envbuild.core.platforms import ARM64
 from envbuild.plan.matrix import selection_matches
 
 # A CUDA image proves it runs on a GPU only on a runner that has one.
 GPU_RUNNER = ("self-hosted", "gpu")
 CPU_RUNNER = "ubuntu-24.04"
+# An arm64 image builds natively on an arm64 runner: GitHub's hosted one, or a self-hosted GPU
+# runner with the architecture label GitHub gives it (GH200, GB200 nodes).
+ARM_CPU_RUNNER = "ubuntu-24.04-arm"
+ARM_LABEL = "ARM64"
+
+
+def runner(entry: Entry) -> str | list[str]:
+    """The runs-on of `entry`'s job: a GPU runner for a CUDA image, of the entry's platform."""
+    arm = entry.platform == ARM64
+    if entry.cuda != CPU:
+        return [*GPU_RUNNER, ARM_LABEL] if arm else list(GPU_RUNNER)
+    return ARM_CPU_RUNNER if arm else CPU_RUNNER
 
 
 def entry_selection(entry: Entry) -> Selection:
@@ -27,6 +40,7 @@ def selector_arguments(entry: Entry, *, matrix_file: str | None) -> list[str]:
         *("--cuda", entry.cuda),
         *("--python", entry.python),
         *("--os", entry.os),
+        *("--platform", entry.platform),
     ]
     if matrix_file is not None:
         arguments += ["-m", matrix_file]
@@ -79,9 +93,10 @@ def github_matrix(plan: Plan, *, matrix_file: str | None) -> dict[str, Any]:
                 "cuda": entry.cuda,
                 "python": entry.python,
                 "os": entry.os,
+                "platform": entry.platform,
                 "image": entry.image,
                 "gpu": gpu,
-                "runs_on": list(GPU_RUNNER) if gpu else CPU_RUNNER,
+                "runs_on": runner(entry),
                 "selectors": " ".join(shlex.quote(argument) for argument in arguments),
             }
         )

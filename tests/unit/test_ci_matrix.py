@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from envbuild.cli.main import main
 from envbuild.core.errors import BadInput
 from envbuild.core.models import Knowledge, Plan, Selection
+from envbuild.core.platforms import ARM64, host_platform
 from envbuild.plan.ci_matrix import github_matrix
 from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
 from tests.conftest import REPO
@@ -43,13 +44,16 @@ def include(default_plan: Plan) -> list[dict[str, object]]:
 def selection_from(arguments: list[str]) -> tuple[Selection, str | None]:
     """The selectors as the CLI reads them, and the -m file, from `--flag value` pairs."""
     pairs = dict(zip(arguments[::2], arguments[1::2], strict=True))
-    assert set(pairs) <= {"--framework", "--framework-version", "--cuda", "--python", "--os", "-m"}
+    assert set(pairs) <= {
+        "--framework", "--framework-version", "--cuda", "--python", "--os", "--platform", "-m"
+    }  # fmt: skip
     selection = Selection(
         framework=pairs.get("--framework"),
         framework_version=pairs.get("--framework-version"),
         cuda=pairs.get("--cuda"),
         python=pairs.get("--python"),
         os=pairs.get("--os"),
+        platform=pairs.get("--platform"),
     )
     return selection, pairs.get("-m")
 
@@ -68,6 +72,7 @@ def test_one_item_per_entry_in_plan_order(
         "cuda",
         "python",
         "os",
+        "platform",
         "image",
         "gpu",
         "runs_on",
@@ -155,6 +160,8 @@ def test_without_a_matrix_file_there_is_no_m(default_plan: Plan) -> None:
         "3.11",
         "--os",
         "bookworm",
+        "--platform",
+        host_platform(),
     ]
 
 
@@ -203,3 +210,23 @@ def test_workflows_pass_actionlint() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_each_platform_gets_its_job_on_a_runner_of_that_platform(knowledge: Knowledge) -> None:
+    path = REPO / "matrices" / "examples" / "arm64.yaml"
+    plan = make_plan(knowledge, load_matrix(path, knowledge), Selection())
+    items = github_matrix(plan, matrix_file=str(path))["include"]
+    runners = {(item["platform"], item["cuda"]): item["runs_on"] for item in items}
+    assert runners == {
+        ("linux/amd64", "cpu"): "ubuntu-24.04",
+        ("linux/amd64", "13.0"): ["self-hosted", "gpu"],
+        ("linux/arm64", "cpu"): "ubuntu-24.04-arm",
+        ("linux/arm64", "13.0"): ["self-hosted", "gpu", "ARM64"],
+    }
+    for item in items:  # each job rebuilds its own platform's entry, and only it
+        arguments = shlex.split(str(item["selectors"]))
+        result = CliRunner().invoke(main, ["plan", *arguments, "--format", "json"])
+        assert result.exit_code == 0, result.stderr
+        (entry,) = json.loads(result.stdout)["entries"]
+        assert (entry["id"], entry["platform"]) == (item["id"], item["platform"])
+    assert sum(item["platform"] == ARM64 for item in items) == 3
