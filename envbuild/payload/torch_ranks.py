@@ -153,9 +153,11 @@ def stop_processes(procs):
 
 
 def report_rank(conn, res, rank, body):
-    """Run ``body()`` in rank ``rank``'s spawned process: ``res["ok"]`` once it returns (then
-    the process group is left), ``res["error"]`` when it raises anything, even
-    KeyboardInterrupt; ``res`` goes back through ``conn`` whatever happens."""
+    """Run ``body()`` in rank ``rank``'s spawned process: ``res["ok"]`` once it returns,
+    ``res["error"]`` when it raises anything, even KeyboardInterrupt; ``res`` goes back through
+    ``conn`` whatever happens, and only then is the process group left. Leaving it can hang
+    once the rank that held the rendezvous store has gone (seen in CI: rank 0 reported and
+    exited, rank 1 never reported); the parent stops a rank that has not ended."""
     import traceback
 
     import smoke_harness as harness
@@ -163,13 +165,14 @@ def report_rank(conn, res, rank, body):
     try:
         body()
         res["ok"] = True
-        with contextlib.suppress(Exception):
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
     except BaseException as exc:  # report everything, even KeyboardInterrupt
         res["error"] = f"rank {rank}: {harness.describe_exc(exc)}"
         traceback.print_exc(file=sys.stderr)
     with contextlib.suppress(Exception):
         conn.send(res)
         conn.close()
+    if res.get("ok"):
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
