@@ -256,53 +256,53 @@ def _load_platforms(
                 continue
             for i, raw in enumerate(listed):
                 where = f"platforms.{platform}.{framework}[{i}]"
-                item = check.mapping(where, raw, PLATFORM_KEYS)
-                versions = check.text(where, item, "versions", required=True)
-                if versions is not None:
-                    try:
-                        SpecifierSet(versions)
-                    except InvalidSpecifier:
-                        check.fail(
-                            f"{where}.versions",
-                            f"{shown(versions)} is not a version specifier (e.g. '>=2.11')",
-                        )
-                        versions = None
-                listed_variants = item.get("variants")
-                if listed_variants is not None and not isinstance(listed_variants, dict):
-                    check.fail(
-                        f"{where}.variants",
-                        f"expected a mapping of variant: plain or variant, got {yaml_kind(listed_variants)}",
-                    )
-                kept = {}
-                for name, origin in (
-                    listed_variants.items() if isinstance(listed_variants, dict) else ()
-                ):
-                    if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
-                        check.fail(
-                            f"{where}.variants",
-                            f"{shown(str(name))} is not a variant (cpu or a CUDA version)",
-                        )
-                    elif origin not in WHERE_FROM:
-                        check.fail(
-                            f"{where}.variants.{name}",
-                            f"expected {' or '.join(WHERE_FROM)}, got {shown(str(origin))}",
-                        )
-                    else:
-                        kept[name] = origin
-                note = check.text(where, item, "note")
-                source = check.source(where, item)
-                if versions is not None:
-                    rows.append(
-                        PlatformBuild(
-                            platform=platform,
-                            framework=framework,
-                            versions=versions,
-                            variants=kept,
-                            note=note,
-                            source=source,
-                        )
-                    )
+                row = _platform_row(check, where, raw, platform, framework)
+                if row is not None:
+                    rows.append(row)
     return tuple(rows), check
+
+
+def _platform_row(
+    check: Checker, where: str, raw: Any, platform: str, framework: str
+) -> PlatformBuild | None:
+    """One row of platforms.yaml, its problems reported; None without usable versions."""
+    item = check.mapping(where, raw, PLATFORM_KEYS)
+    versions = check.text(where, item, "versions", required=True)
+    if versions is not None:
+        try:
+            SpecifierSet(versions)
+        except InvalidSpecifier:
+            check.fail(
+                f"{where}.versions", f"{shown(versions)} is not a version specifier (e.g. '>=2.11')"
+            )
+            versions = None
+    listed = item.get("variants")
+    if listed is not None and not isinstance(listed, dict):
+        check.fail(
+            f"{where}.variants",
+            f"expected a mapping of variant: plain or variant, got {yaml_kind(listed)}",
+        )
+    variants = {}
+    for name, origin in listed.items() if isinstance(listed, dict) else ():
+        if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
+            check.fail(
+                f"{where}.variants", f"{shown(str(name))} is not a variant (cpu or a CUDA version)"
+            )
+        elif origin not in WHERE_FROM:
+            check.fail(
+                f"{where}.variants.{name}",
+                f"expected {' or '.join(WHERE_FROM)}, got {shown(str(origin))}",
+            )
+        else:
+            variants[name] = origin
+    note = check.text(where, item, "note")
+    source = check.source(where, item)
+    if versions is None:
+        return None
+    return PlatformBuild(
+        platform=platform, framework=framework, versions=versions, variants=variants,
+        note=note, source=source,
+    )  # fmt: skip
 
 
 def load_knowledge(directory: Path | None = None) -> Knowledge:

@@ -358,8 +358,10 @@ def resolve_entry(
     assert variant is not None
     base = knowledge.os_bases[combo.os]
     tag = image_tag(combo)
-    there = _platform_variant(platform_builds(knowledge, combo), combo.cuda)
-    if combo.platform != AMD64 and there is not None and there[1] == "plain":
+    there = None
+    if combo.platform != AMD64:  # amd64's install is the framework file's
+        there = _platform_variant(platform_builds(knowledge, combo), combo.cuda)
+    if there is not None and there[1] == "plain":
         # What a plain install gets there (torch 2.10 on aarch64: the CPU build, no +cpu).
         install = Install(requirement=f"{framework.package}=={release.version}", index_url=None)
     elif variant.requirement is not None:
