@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -14,7 +16,7 @@ from typing import Any
 
 from envbuild import __version__
 from envbuild.build.render import INSTALLER, INSTALLER_NAME, render_entry, write_context
-from envbuild.build.server import kept_context, serve_build, write_mounted
+from envbuild.build.server import kept_context, serve_build, uv_for, write_mounted
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, BuildFailed
 from envbuild.core.interrupt import run_id, scratch_prefix
@@ -31,6 +33,7 @@ from envbuild.core.models import (
     ProxySettings,
 )
 from envbuild.core.places import log_dir
+from envbuild.core.platforms import MACHINE, platform_ref
 from envbuild.core.redact import redact
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine, ImageInfo
@@ -76,7 +79,12 @@ def prepare(
     """Probe the base image (once per reference in `probes`), check it fits, render the context
     that installs `lock`."""
     probe = probe_entry_base(engine, knowledge, entry, options, {} if probes is None else probes)
-    return render_entry(entry, options, probe, lock)
+    context = render_entry(entry, options, probe, lock)
+    if MACHINE[entry.platform] == os.uname().machine:
+        return context
+    # The install step runs uv in the image: the host's build of it cannot run there.
+    served = dataclasses.replace(context.served, uv=uv_for(entry.platform, options))
+    return dataclasses.replace(context, served=served)
 
 
 def probe_entry_base(
@@ -86,11 +94,15 @@ def probe_entry_base(
     options: BuildOptions,
     probes: dict[str, BaseProbe],
 ) -> BaseProbe:
-    """The entry's base image probed (once per reference in `probes`) and checked to fit it."""
-    base_ref = options.base_image or entry.base_image
+    """The entry's base image probed (once per reference in `probes`) and checked to fit it.
+
+    For a platform other than linux/amd64 the base is REF-arm64 where the engine has it (what
+    `base bootstrap --platform` tags), else REF itself, which must then be of that platform."""
+    base_ref = platform_base(engine, options.base_image or entry.base_image, entry.platform)
     if base_ref not in probes:
-        probes[base_ref] = engine.probe_base(base_ref)
+        probes[base_ref] = engine.probe_base(base_ref, entry.platform)
     check_base(knowledge, entry, probes[base_ref])
+    check_base_platform(entry, probes[base_ref], options.base_image or entry.base_image)
     if options.offline and probes[base_ref].python is None:
         msg = (
             f"--offline: base image {base_ref} has no python3, and a build with no route off "
@@ -99,6 +111,27 @@ def probe_entry_base(
         )
         raise BadInput(msg)
     return probes[base_ref]
+
+
+def platform_base(engine: Engine, ref: str, platform: str) -> str:
+    """The reference of `ref`'s image for `platform`: its platform tag (corp/base:bookworm-arm64)
+    when the engine holds one, else `ref`."""
+    tagged = platform_ref(ref, platform)
+    return tagged if tagged != ref and engine.image(tagged) is not None else ref
+
+
+def check_base_platform(entry: Entry, probe: BaseProbe, asked: str) -> None:
+    """Refuse a base of another platform: Docker's builders label the image with the base's
+    platform whatever they are asked, so an arm64 entry on an amd64 base builds amd64 binaries."""
+    if probe.platform == entry.platform:
+        return
+    made = platform_ref(asked, entry.platform)
+    msg = (
+        f"base image {probe.ref} is {probe.platform}, but {entry.id} is for {entry.platform}; "
+        f"make one with `envbuild base bootstrap --platform {entry.platform} --tag {asked}` "
+        f"(tagged {made}), or pass a {entry.platform} --base-image"
+    )
+    raise BadInput(msg)
 
 
 def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:
@@ -151,6 +184,7 @@ def build_entry(
 
         try:
             image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
+            check_built_platform(engine, entry, image_id)
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
@@ -164,6 +198,21 @@ def build_entry(
         log_path=log_path,
         seconds=time.monotonic() - start,
     )
+
+
+def check_built_platform(engine: Engine, entry: Entry, image_id: str) -> None:
+    """BuildFailed unless the image's config records the entry's platform: neither of Docker's
+    builders checks a local base's, so a mislabelled base gives binaries of one platform
+    labelled as another, and an image that would run (or be published) as the wrong one."""
+    image = engine.image(image_id)
+    recorded = image.platform if image is not None else "nothing (the image is gone)"
+    if recorded != entry.platform:
+        msg = (
+            f"the engine built an image recorded as {recorded} for a {entry.platform} entry; "
+            "check that the base image's platform is the entry's (docker image inspect "
+            "--format '{{.Os}}/{{.Architecture}}' BASE)"
+        )
+        raise BuildFailed(msg)
 
 
 def _build_facts(engine: Engine, context: BuildContext, started: datetime) -> dict[str, Any]:
@@ -228,7 +277,7 @@ def _build(
                     folder, tag=context.entry.image, labels=labels, build_args=context.build_args,
                     on_line=on_line, network=network, no_cache=no_cache,
                     proxy=proxy if proxy is not None and not proxy.empty and network else None,
-                    builder=BUILDKIT, secrets=secrets,
+                    builder=BUILDKIT, secrets=secrets, platform=context.entry.platform,
                 )  # fmt: skip
         folder = Path(tmp) / "context"
         write_context(context, folder)
@@ -249,4 +298,5 @@ def _build(
                     if proxy is not None and not proxy.empty and network
                     else None
                 ),
+                platform=context.entry.platform,
             )

@@ -204,8 +204,9 @@ def render_entry(
     entry: Entry, options: BuildOptions, base: BaseProbe | None, lock: Lock
 ) -> BuildContext:
     """Render one entry's Dockerfile for its lock and gather what its build is served; no
-    Docker involved. `base` is the probed base image (None: assume it brings Python)."""
-    base_image = options.base_image or entry.base_image
+    Docker involved. `base` is the probed base image (None: assume it brings Python), its
+    reference the one for the entry's platform."""
+    base_image = base.ref if base is not None else options.base_image or entry.base_image
     _check_template_values(entry, base_image)
     check_lock(lock)
     ca_bundle = None

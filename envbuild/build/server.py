@@ -35,6 +35,7 @@ import fcntl
 import hashlib
 import hmac
 import html
+import importlib.metadata
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import shutil
 import socket
 import stat
 import sys
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
@@ -55,10 +57,12 @@ from packaging.utils import canonicalize_name
 
 from envbuild.build.render import CA_SECRET, CONFIG_SECRET, FRAMEWORK_INPUTS_DIR, INPUTS_DIR
 from envbuild.core.errors import BadInput, BuildFailed
-from envbuild.core.models import BuildContext, ServedInputs
+from envbuild.core.models import BuildContext, BuildOptions, ServedInputs
 from envbuild.core.names import shown
-from envbuild.core.places import contexts_dir
+from envbuild.core.places import cache_dir, contexts_dir
+from envbuild.core.platforms import MACHINE
 from envbuild.lock.lockfile import pins
+from envbuild.lock.uv import fetch_uv
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,47 @@ def find_uv() -> Path:
         )
         raise BuildFailed(msg)
     return found.resolve()
+
+
+def uv_for(platform: str, options: BuildOptions) -> Path:
+    """The uv binary a build for `platform` runs: the host's for the host's machine, else the
+    same version built for the image's machine, fetched once into envbuild's cache."""
+    machine = MACHINE[platform]
+    if machine == os.uname().machine:
+        return find_uv()
+    version = importlib.metadata.version("uv")
+    home = cache_dir() / "uv" / f"{version}-{machine}"
+    binary = home / "uv"
+    if elf_machine(binary) == machine:
+        return binary
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{home.name}-", dir=home.parent) as scratch:
+        fetched = fetch_uv(machine, options, Path(scratch) / "target")
+        if elf_machine(fetched) != machine:
+            msg = f"the uv wheel fetched for {machine} holds no {machine} program"
+            raise BuildFailed(msg)
+        Path(scratch, "target", "bin").rename(Path(scratch, "ready"))
+        try:
+            Path(scratch, "ready").rename(home)  # whole or not at all; another run may be first
+        except OSError:
+            if elf_machine(binary) != machine:
+                raise
+    return binary
+
+
+_ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
+
+
+def elf_machine(path: Path) -> str | None:
+    """The machine an ELF program is for (x86_64, aarch64), or None when `path` is none."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return None
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return _ELF_MACHINES.get(int.from_bytes(header[18:20], "little"))
 
 
 def config_document(served: ServedInputs) -> bytes:
@@ -279,7 +324,7 @@ def serve(address: str, files: Mapping[str, Path | bytes]) -> Iterator[str]:
 @contextmanager
 def serve_build(address: str, served: ServedInputs) -> Iterator[str]:
     """Serve one build's inputs (`build_files`) on `address`; yield the URL for ENVBUILD_SERVE."""
-    with serve(address, build_files(served, find_uv())) as url:
+    with serve(address, build_files(served, served.uv or find_uv())) as url:
         yield url
 
 
@@ -351,7 +396,7 @@ def _fresh(folder: Path) -> Path:
 def _lay_inputs(inputs: Path, served: ServedInputs, wanted: dict[str, str] | None) -> None:
     """uv and the wheelhouse's wheels of the `wanted` packages (all for None) in `inputs`."""
     (inputs / WHEELS_NAME).mkdir(parents=True)
-    _place(find_uv(), inputs / UV_NAME)
+    _place(served.uv or find_uv(), inputs / UV_NAME)
     for wheel in served.wheels:
         name = canonicalize_name(wheel.name.split("-", 1)[0])
         if wanted is None or name in wanted or not wheel.name.endswith(".whl"):

@@ -41,7 +41,6 @@ from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
 
 if TYPE_CHECKING:
-    from envbuild.core.models import Entry
     from envbuild.publish.push import Candidate, Published, PublishLines
 
 
@@ -218,7 +217,6 @@ def build(
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     with trusting(options.ca_bundle):  # the registry of --push is checked against it too
         knowledge, _, result = plan_from(kwargs, newest_only=True)
-        refuse_other_platforms(result.entries)
         fleet = fleet_from(knowledge, None, fleet_gpus)
         run = RunOptions(
             jobs=jobs, keep_going=keep_going, smoke=not no_smoke, gpus=gpus, no_cache=no_cache,
@@ -247,24 +245,6 @@ def build(
             push_passed(results, push_registry, signing_key=key, **_publish_lines(push_registry))
         if not all(r.passed for r in results):
             sys.exit(EXIT_FAILED)
-
-
-def refuse_other_platforms(entries: tuple[Entry, ...]) -> None:
-    """BadInput, before anything is built, for an entry of a platform this host is not: the
-    engine here would build it with this host's binaries, or label another's wrongly."""
-    from envbuild.core.errors import BadInput
-    from envbuild.core.platforms import host_platform
-
-    host = host_platform()
-    others = [e for e in entries if e.platform != host]
-    if others:
-        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
-        msg = (
-            f"{others[0].id}{more}: envbuild builds images for this host's platform ({host}) "
-            f"only so far, not under emulation; `envbuild plan` and `envbuild lock` work for "
-            f"{others[0].platform} entries (leave out --platform to build for {host})"
-        )
-        raise BadInput(msg)
 
 
 def _publish_lines(registry: str) -> PublishLines:

@@ -70,21 +70,39 @@ def base() -> None:
 @click.option(
     "--with-python", is_flag=True, help="Include the suite's python3 and venv (for offline builds)."
 )
+@click.option(
+    "--platform",
+    "platform_text",
+    metavar="PLATFORMS",
+    help=(
+        "linux/amd64, linux/arm64 or both comma-separated (default: this host's); another "
+        "platform's base is tagged REF-arm64, which `build --base-image REF` finds."
+    ),
+)
 @click.option("--force", is_flag=True, help="Rebuild even if the tag exists.")
 @reports_errors
 def base_bootstrap(
-    suite: str, tag: str | None, mirror: str, with_python: bool, force: bool
-) -> None:
-    """Make a minimal Debian base image with debootstrap and docker import."""
+    suite: str, tag: str | None, mirror: str, with_python: bool, platform_text: str | None,
+    force: bool,
+) -> None:  # fmt: skip
+    """Make a minimal Debian base image with debootstrap, one per platform."""
     from envbuild.build.bootstrap import bootstrap_base, default_tag
+    from envbuild.cli.options import platforms_from
+    from envbuild.core.platforms import MACHINE, host_platform, platform_ref
     from envbuild.engine.interface import connect
 
+    platforms = (platforms_from(platform_text) or host_platform()).split(",")
     engine = connect()
     ref = tag or default_tag(suite)
-    if force or engine.image(ref) is None:
-        click.echo(f"bootstrapping {ref} from {mirror} (about 30 s)", err=True)
-    image_id, created = bootstrap_base(
-        engine, suite=suite, tag=ref, mirror=mirror, with_python=with_python, force=force
-    )
-    state = "created" if created else "already present"
-    click.echo(f"{ref} {state}: {image_id}")
+    for platform in platforms:
+        target = platform_ref(ref, platform)
+        if force or engine.image(target) is None:
+            emulated = MACHINE[platform] != MACHINE[host_platform()]
+            took = "a few minutes, under emulation" if emulated else "about 30 s"
+            click.echo(f"bootstrapping {target} ({platform}) from {mirror} ({took})", err=True)
+        target, image_id, created = bootstrap_base(
+            engine, suite=suite, tag=ref, mirror=mirror, with_python=with_python, force=force,
+            platform=platform,
+        )  # fmt: skip
+        state = "created" if created else "already present"
+        click.echo(f"{target} {state}: {image_id}")

@@ -365,6 +365,7 @@ class BaseProbe:
     os_id: str
     os_codename: str
     python: str | None  # major.minor of python3 on PATH, None when absent
+    platform: str = AMD64  # what the image's config records (core.platforms)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,6 +396,7 @@ class ServedInputs:
     index_url: str | None = field(default=None, repr=False)  # may hold credentials
     extra_index_urls: tuple[str, ...] = field(default=(), repr=False)  # framework index last
     offline: bool = False  # uv --no-index: only the served wheels
+    uv: Path | None = None  # the uv binary the install runs; None: the host's (find_uv)
 
 
 @dataclass(frozen=True, kw_only=True)

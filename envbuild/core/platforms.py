@@ -39,3 +39,17 @@ def tag_suffix(name: str) -> str:
     """What an entry's id and local tag carry for its platform: nothing for amd64 (the ids and
     tags envbuild has always given), '-arm64' for arm64; the engine holds one platform per tag."""
     return "" if name == AMD64 else f"-{architecture(name)}"
+
+
+def platform_ref(reference: str, name: str) -> str:
+    """The local tag of `reference`'s image for platform `name`: corp/base:bookworm-arm64 for
+    linux/arm64, the reference itself for linux/amd64, an image id or a digest (which name one
+    image, so one platform) unchanged. `envbuild base bootstrap --platform` tags its images so."""
+    suffix = tag_suffix(name)
+    if not suffix or "@" in reference or reference.startswith("sha256:"):
+        return reference
+    last = reference.rfind("/")
+    colon = reference.rfind(":")
+    if colon > last:
+        return reference + suffix
+    return f"{reference}:latest{suffix}"

@@ -168,6 +168,7 @@ def build(
     network: bool,
     target: str | None = None,
     no_cache: bool = False,
+    platform: str | None = None,
 ) -> str:
     """Build `context_dir` with BuildKit, streaming every line of its plain progress to `on_line`;
     return the image id (BuildFailed when a step fails, EngineFailed when the engine is not
@@ -188,6 +189,7 @@ def build(
         command += [f"--tag={tag}"] if tag else []
         command += [f"--target={target}"] if target else []
         command += ["--no-cache"] if no_cache else []
+        command += [f"--platform={platform}"] if platform else []
         command += [] if network else ["--network=none"]
         environment = {**os.environ, **build_args, "DOCKER_BUILDKIT": "1"}
         environment["DOCKER_CLI_HINTS"] = "false"

@@ -49,6 +49,7 @@ from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_plac
 from envbuild.core.labels import INSTALL_STAGE, STAGE
 from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
+from envbuild.core.platforms import platform_of
 from envbuild.core.settings import seconds_setting
 from envbuild.engine import buildkit
 from envbuild.engine.build_errors import build_error
@@ -292,6 +293,7 @@ class DockerEngine:
             rootless=any("rootless" in option for option in security),
             address=self._address,
             name=str(info.get("Name", "")),
+            platform=platform_of(str(info.get("Architecture", ""))) or "",
         )
 
     def builder_problem(self, builder: str) -> str:
@@ -364,8 +366,12 @@ class DockerEngine:
                 return None
             raise
         labels = _document(attrs.get("Config") or {}).get("Labels") or {}
+        recorded = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or ''}"
         return ImageInfo(
-            id=str(attrs["Id"]), tags=tuple(attrs.get("RepoTags") or ()), labels=dict(labels)
+            id=str(attrs["Id"]),
+            tags=tuple(attrs.get("RepoTags") or ()),
+            labels=dict(labels),
+            platform=platform_of(str(attrs.get("Architecture", ""))) or recorded,
         )
 
     def tag(self, image_id: str, ref: str) -> None:
@@ -387,6 +393,7 @@ class DockerEngine:
         proxy: ProxySettings | None = None,
         builder: str = CLASSIC,
         secrets: Mapping[str, Path] | None = None,
+        platform: str | None = None,
     ) -> str:
         """Build with `builder`, streaming every output line; return the image id."""
         # Docker's predefined proxy arguments: no ARG needed, kept out of `docker history`
@@ -401,7 +408,7 @@ class DockerEngine:
                 client, context_dir, engine=f"the Docker engine at {printable(self._address, 120)}",
                 tag=tag, labels=labels, build_args=build_args,
                 secrets=secrets or {}, on_line=on_line, network=network, target=target,
-                no_cache=no_cache,
+                no_cache=no_cache, platform=platform,
             )  # fmt: skip
         if secrets:
             msg = "the classic builder has no secret mounts; build with BuildKit"
@@ -420,6 +427,7 @@ class DockerEngine:
             network_mode=None if network else self._offline_network(),
             target=target,
             nocache=no_cache,
+            platform=platform,
         )
         for chunk in stream:
             _document(chunk)
@@ -490,18 +498,27 @@ class DockerEngine:
                     raise
         return OFFLINE_NETWORK
 
-    def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
-        """Import a root filesystem tarball as image `ref`; return its id."""
-        repository, tag = split_tag(ref)
-        result = self._client.api.import_image_from_stream(
-            tar_stream, repository=repository, tag=tag or "latest", changes=changes
-        )
-        text = result if isinstance(result, str) else json.dumps(result)
-        image = self.image(ref)
-        if image is None:
-            msg = f"docker import of {ref} produced no image: {text[-300:]}"
+    def load(self, archive: IO[bytes]) -> tuple[str, ...]:
+        """Load a `docker save` archive; return the ids of the images it held."""
+        loaded: list[str] = []
+        for chunk in self._client.api.load_image(archive):  # type: ignore[no-untyped-call]
+            chunk = _document(chunk)
+            if "error" in chunk:
+                msg = (
+                    f"the engine could not load the image archive: {printable(chunk['error'], 300)}"
+                )
+                raise EnvbuildError(msg)
+            stream = str(chunk.get("stream", ""))
+            if stream.startswith("Loaded image ID: "):
+                loaded.append(stream.removeprefix("Loaded image ID: ").strip())
+            elif stream.startswith("Loaded image: "):
+                image = self.image(stream.removeprefix("Loaded image: ").strip())
+                if image is not None:
+                    loaded.append(image.id)
+        if not loaded:
+            msg = "the engine loaded the image archive but named no image in it"
             raise EnvbuildError(msg)
-        return image.id
+        return tuple(dict.fromkeys(loaded))
 
     def push(
         self,
@@ -602,9 +619,9 @@ class DockerEngine:
 
     # Containers.
 
-    def probe_base(self, ref: str) -> BaseProbe:
+    def probe_base(self, ref: str, platform: str | None = None) -> BaseProbe:
         """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
-        image = self.image(ref) or self._pull(ref)
+        image = self.image(ref) or self._pull(ref, platform)
         result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
         fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
         os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
@@ -614,9 +631,10 @@ class DockerEngine:
             os_id=os_id,
             os_codename=codename,
             python=fields.get("python"),
+            platform=image.platform,
         )
 
-    def _pull(self, ref: str) -> ImageInfo:
+    def _pull(self, ref: str, platform: str | None = None) -> ImageInfo:
         """Pull a missing base image; BadInput naming the way out when the registry says no."""
         log.info("pulling %s", ref)
         repository, tag = split_tag(ref)
@@ -624,7 +642,7 @@ class DockerEngine:
         fix = "make one with `envbuild base bootstrap` and pass --base-image"
         try:
             for chunk in self._client.api.pull(
-                repository, tag=tag or "latest", stream=True, decode=True
+                repository, tag=tag or "latest", stream=True, decode=True, platform=platform
             ):
                 if "error" in _document(chunk):
                     msg = f"{cannot} ({printable(chunk['error'])}); {fix}"

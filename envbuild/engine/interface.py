@@ -23,6 +23,7 @@ class ImageInfo:
     id: str
     tags: tuple[str, ...]
     labels: dict[str, str]
+    platform: str = ""  # what its config records, as core.platforms names it (linux/arm64)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +39,7 @@ class EngineInfo:
     rootless: bool = False
     address: str = ""  # as the user names it: DOCKER_HOST, or the default socket
     name: str = ""  # the engine's host name, as its info says
+    platform: str = ""  # the machine it runs on, as core.platforms names it (linux/amd64)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,9 +91,11 @@ class Engine(Protocol):
         proxy: ProxySettings | None = None,
         builder: str = CLASSIC,
         secrets: Mapping[str, Path] | None = None,
+        platform: str | None = None,
     ) -> str:
         """Build the context with `builder` (CLASSIC or BUILDKIT), streaming every output line;
-        return the image id (BuildFailed).
+        return the image id (BuildFailed). `platform` (linux/arm64): what the image is for,
+        which its base must already be (neither builder checks a local base's platform).
 
         network=False: with the classic builder the RUN steps reach the host
         (`bridge_gateway(network=False)`) and nothing beyond it; with BuildKit, nothing at all.
@@ -105,8 +109,9 @@ class Engine(Protocol):
         why not and what to use instead."""
         ...
 
-    def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
-        """Import a root filesystem tarball as image `ref`; return its id."""
+    def load(self, archive: IO[bytes]) -> tuple[str, ...]:
+        """Load a `docker save` archive (images with their configs, so with their platforms);
+        return the ids of the images it held."""
         ...
 
     def push(
@@ -120,8 +125,9 @@ class Engine(Protocol):
         """Push the image as `ref` (host/repo:tag); return the digest the push reported."""
         ...
 
-    def probe_base(self, ref: str) -> BaseProbe:
-        """Which OS a base image holds and which python3, if any."""
+    def probe_base(self, ref: str, platform: str | None = None) -> BaseProbe:
+        """Which OS a base image holds and which python3, if any; a missing one is pulled
+        (for `platform`, else the engine's own)."""
         ...
 
     def run(

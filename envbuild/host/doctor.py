@@ -9,8 +9,10 @@ from typing import Any
 
 from envbuild.core.errors import EngineUnavailable
 from envbuild.core.models import BUILDKIT, CLASSIC, CPU, Fleet, Gpu, Knowledge, Selection
+from envbuild.core.platforms import PLATFORMS
 from envbuild.core.versions import version_sort_key
 from envbuild.engine.interface import connect
+from envbuild.host.emulation import how_platform_runs
 from envbuild.host.probes import GpuProbe, bytes_free, probe_gpus, shm_bytes
 from envbuild.plan.compat import entry_id
 from envbuild.plan.gpus import find_gpu
@@ -97,6 +99,8 @@ def examine_host(knowledge: Knowledge, matrix: Matrix, selection: Selection) -> 
                 name: {"works": not why, "why_not": why} for name, why in builders.items()
             },
             "needs": _needs(builders, "nvidia" in info.runtimes),
+            "platform": info.platform,
+            "platforms": {p: how_platform_runs(info, p) for p in PLATFORMS},
         }
     gpu = probe_gpus()
     warnings = [
@@ -184,6 +188,7 @@ def report_lines(report: HostReport) -> list[str]:
             said = "works" if builder["works"] else f"not here: {builder['why_not']}"
             lines.append(f"  builder {name}: {said}")
         lines += [f"  {need.replace('_', ' ')}: {how}" for need, how in engine["needs"].items()]
+        lines += [f"  builds for {name}: {how}" for name, how in engine["platforms"].items()]
     else:
         lines.append(f"  NOT reachable: {engine['error']}")
     lines.append("NVIDIA driver and GPUs:")

@@ -124,7 +124,53 @@ def _uv_command(
     return command
 
 
+def fetch_uv(machine: str, options: BuildOptions, target: Path) -> Path:
+    """Install this uv's own version, built for `machine` (aarch64), into `target` from the
+    indexes and wheelhouse `options` name; the binary's path. A build for another platform runs
+    that one: the host's cannot run in the image. EnvbuildError (one line) when it cannot."""
+    import importlib.metadata
+
+    version = importlib.metadata.version("uv")
+    command = [
+        uv_binary(), "pip", "install", "--no-config", "--quiet", "--color", "never",
+        "--target", str(target), "--python-version", "3.11",
+        "--python-platform", f"{machine}-manylinux_2_28",
+        "--only-binary", ":all:", "--no-deps", f"uv=={version}",
+    ]  # fmt: skip
+    if options.wheelhouse is not None:
+        command += ["--find-links", str(options.wheelhouse)]
+    if options.offline:
+        command += ["--offline", "--no-index"]
+    environment = _index_environment(options, list(options.extra_index_urls))
+    try:
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, env=environment,
+            timeout=UV_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        msg = f"uv {version} for {machine}: not fetched within {UV_TIMEOUT_S} s; check the index"
+        raise EnvbuildError(msg) from exc
+    binary = target / "bin" / "uv"
+    if done.returncode != 0 or not binary.is_file():
+        message = done.stderr[:MAX_UV_MESSAGE_BYTES].decode("utf-8", errors="replace")
+        reason = one_line_reason(message)[1] if done.returncode != 0 else "no bin/uv in its wheel"
+        msg = (
+            f"cannot fetch uv {version} for {machine}, which builds for that platform run: "
+            f"{reason}; put its wheel (uv-{version}-*{machine}*.whl) in --wheelhouse"
+        )
+        raise EnvbuildError(msg)
+    return binary
+
+
 def _uv_environment(entry: Entry, options: BuildOptions) -> dict[str, str]:
+    extra = [*options.extra_index_urls]
+    own = framework_index(entry, options)
+    if own is not None:
+        extra.append(own)
+    return _index_environment(options, extra)
+
+
+def _index_environment(options: BuildOptions, extra: list[str]) -> dict[str, str]:
     # Index URLs travel in the environment: a command line is visible to `ps`. The user's own
     # UV_* settings are left out, bar a few that cannot change the result, so that the lock
     # depends on envbuild's inputs alone.
@@ -138,10 +184,6 @@ def _uv_environment(entry: Entry, options: BuildOptions) -> dict[str, str]:
     env["NO_COLOR"] = "1"
     if options.index_url is not None:
         env["UV_INDEX_URL"] = options.index_url
-    extra = [*options.extra_index_urls]
-    own = framework_index(entry, options)
-    if own is not None:
-        extra.append(own)
     if extra:
         env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
     if options.ca_bundle is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import platform
 import re
 import signal
 import site
@@ -180,10 +181,11 @@ def library_version(path: str, symbol: str) -> int:
 
 # The driver's own libraries: mounted into a container by the NVIDIA runtime, never in an image.
 DRIVER_LIBRARIES = ("libcuda.so", "libcuda.so.1", "libnvidia-ml.so.1")
-# Where the dynamic loader looks after a library's own RUNPATH (Debian's multiarch first).
+# Where the dynamic loader looks after a library's own RUNPATH (Debian's multiarch first: the
+# image's machine's, x86_64 or aarch64).
 SYSTEM_DIRS = (
-    "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib",
-    "/usr/lib", "/usr/local/lib",
+    f"/lib/{platform.machine()}-linux-gnu", f"/usr/lib/{platform.machine()}-linux-gnu",
+    "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib",
 )  # fmt: skip
 MAX_LIBRARIES = 20_000  # a walk that finds more is not an environment: stop and say so
 _DT_NEEDED, _DT_RPATH, _DT_RUNPATH = 1, 15, 29

@@ -242,6 +242,12 @@ class Run:
         self.doc.setdefault("errors", [])
         self.checks_spec = checks
         self.extra = dict(extra or {})
+        # Every deadline stretches by the host's measure of how much slower this machine runs
+        # the payload (an emulated platform: ENVBUILD_SLOWDOWN=10), never shrinks.
+        self.slowdown = slowdown()
+        if self.slowdown != 1.0:
+            self.extra["slowdown"] = self.slowdown
+        total_s *= self.slowdown
         self.total_s = total_s
         self.deadline = time.monotonic() + total_s
         self.section_deadline = self.deadline
@@ -279,7 +285,7 @@ class Run:
         if remaining <= 0:
             self.errors.append(f"{name}: skipped, the payload's {self.total_s:g} s are used up")
             return False
-        limit = min(float(deadline_s), remaining)
+        limit = min(float(deadline_s) * self.slowdown, remaining)
         self.section_deadline = time.monotonic() + limit
         log(f"section {name} ...")
         t0 = time.perf_counter()
@@ -363,6 +369,20 @@ def divert_stdout() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return json_fd
+
+
+MAX_SLOWDOWN = 50.0
+
+
+def slowdown() -> float:
+    """ENVBUILD_SLOWDOWN as a factor in [1, MAX_SLOWDOWN]; 1 when unset or not a number."""
+    try:
+        factor = float(os.environ.get("ENVBUILD_SLOWDOWN", "1"))
+    except ValueError:
+        return 1.0
+    if factor != factor:  # NaN
+        return 1.0
+    return min(max(factor, 1.0), MAX_SLOWDOWN)
 
 
 def main(

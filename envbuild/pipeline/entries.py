@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbuild.build.entry import build_entry, prepare, probe_entry_base
-from envbuild.core.errors import EnvbuildError
+from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.interrupt import remove_scratch, run_id, scratch_prefix
 from envbuild.core.models import (
     BaseProbe,
@@ -31,6 +31,7 @@ from envbuild.core.results import EntryResult, SmokeResult
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine, choose_builder
 from envbuild.engine.interface import connect as connect_engine
+from envbuild.host.emulation import platform_problem
 from envbuild.publish.signing import SignatureError, Subject, verify_image
 from envbuild.publish.verify import Target, entry_target, published_already
 from envbuild.registry import RegistryClient
@@ -101,9 +102,21 @@ def build_shared_stages(
                 target="runtime",
                 proxy=None if sharing[0].offline else proxy,  # its apt-get may need it
                 builder=sharing[0].builder,  # each builder finds only its own layer cache
+                platform=sharing[0].entry.platform,
             )
         built += 1
     return built
+
+
+def check_platforms(engine: Engine, entries: tuple[Entry, ...]) -> None:
+    """BadInput, before anything is resolved or built, for an entry of a platform the engine
+    can neither build natively nor under this host's emulator."""
+    facts = engine.describe()
+    for entry in entries:
+        problem = platform_problem(facts, entry.platform)
+        if problem:
+            msg = f"{entry.id}: {problem}"
+            raise BadInput(msg)
 
 
 def run_entries(
@@ -125,6 +138,7 @@ def run_entries(
     engine = connect()
     builder = choose_builder(engine, options.builder)
     log.info("building with %s", builder)
+    check_platforms(engine, entries)
     options = dataclasses.replace(options, builder=builder)
     engine.remove_leftovers()  # of an earlier run whose engine or process died mid-way
     probes: dict[str, BaseProbe] = {}

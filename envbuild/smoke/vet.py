@@ -20,6 +20,17 @@ from envbuild.smoke.runner import (
 )
 from envbuild.smoke.static import check_static
 
+# How much slower an emulated platform runs the payloads (measured here under qemu: `import
+# torch` 12 s against 1.5 s natively, apt and venv 8-10 times): every deadline stretches by it.
+EMULATION_SLOWDOWN = 10.0
+SLOWDOWN_VARIABLE = "ENVBUILD_SLOWDOWN"  # the payload harness reads it (smoke_harness.slowdown)
+
+
+def slowdown(engine: Engine, image: ImageInfo) -> float:
+    """EMULATION_SLOWDOWN for an image of another platform than the engine's machine, else 1."""
+    own = engine.describe().platform
+    return EMULATION_SLOWDOWN if own and image.platform and image.platform != own else 1.0
+
 
 def smoke_image(
     engine: Engine, ref: str, *, knowledge: Knowledge, gpus: str = "auto", timeout: float = 600
@@ -30,7 +41,13 @@ def smoke_image(
     image = local_image(engine, ref)
     framework = image_framework(image, ref, kind="smoke")
     start = time.monotonic()
-    run = run_payload(engine, image, ref, f"{framework}_smoke.py", gpus=use_gpus, timeout_s=timeout)
+    factor = slowdown(engine, image)
+    timeout *= factor
+    environment = {SLOWDOWN_VARIABLE: f"{factor:g}"} if factor != 1 else None
+    run = run_payload(
+        engine, image, ref, f"{framework}_smoke.py", gpus=use_gpus, timeout_s=timeout,
+        environment=environment,
+    )  # fmt: skip
     if run.report is None:
         checks = [SmokeCheck(name="payload", passed=False, detail=run.missing("the payload"))]
         payload: dict[str, Any] = {}
@@ -38,10 +55,14 @@ def smoke_image(
         payload = run.report
         checks = check_report(payload, image.labels, gpus=use_gpus)
     payload["run_with"] = docker_run_flags(image.labels, gpus=use_gpus)
+    payload["platform"] = image.platform
+    payload["emulated"] = factor != 1
     payload["payload_digest"] = run.payload_digest
     cuda = image.labels.get(label_keys.CUDA)
     if cuda and cuda != CPU:
-        static, static_checks = _static_smoke(engine, image, ref, framework, knowledge, timeout)
+        static, static_checks = _static_smoke(
+            engine, image, ref, framework, knowledge, timeout, environment
+        )
         payload["cuda_static"] = static
         checks = [*checks, *static_checks]
     return SmokeResult(
@@ -62,11 +83,13 @@ def _static_smoke(
     framework: str,
     knowledge: Knowledge,
     timeout: float,
+    environment: dict[str, str] | None,
 ) -> tuple[dict[str, Any], list[SmokeCheck]]:
     """Run cuda_static.py in a container of `ref` without a GPU; its report and checks."""
     run = run_payload(
-        engine, image, ref, "cuda_static.py", args=(framework,), gpus=False, timeout_s=timeout
-    )
+        engine, image, ref, "cuda_static.py", args=(framework,), gpus=False, timeout_s=timeout,
+        environment=environment,
+    )  # fmt: skip
     if run.report is None:
         detail = run.missing("the static CUDA payload")
         return {}, [SmokeCheck(name="cuda_static", passed=False, detail=detail)]

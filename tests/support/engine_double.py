@@ -8,7 +8,9 @@ anything about Docker itself; the integration tier proves the real `DockerEngine
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import tarfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from typing import IO
 
 from envbuild.core.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
 from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
+from envbuild.core.platforms import AMD64
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
 
 
@@ -27,6 +30,7 @@ class Image:
     id: str
     tags: list[str]
     labels: dict[str, str]
+    platform: str = AMD64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +48,7 @@ class Build:
     proxy: ProxySettings | None = None
     builder: str = CLASSIC
     secrets: dict[str, bytes] = field(default_factory=dict)  # id -> what the file held then
+    platform: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +76,7 @@ class InMemoryEngine:
     # Goes into the id of every image it builds: two engines never build the same id, as two real
     # ones do not (the image's config holds its creation time); a base loaded into both is one id.
     name: str = "engine"
+    platform: str = AMD64  # the machine the engine runs on
     images: dict[str, Image] = field(default_factory=dict)
     bases: dict[str, BaseProbe] = field(default_factory=dict)
     outputs: dict[str, RunResult] = field(default_factory=dict)  # image id or tag -> result
@@ -90,24 +96,37 @@ class InMemoryEngine:
     # -- what tests arrange -------------------------------------------------
 
     def add_image(
-        self, seed: str, *, tags: tuple[str, ...] = (), labels: dict[str, str] | None = None
+        self,
+        seed: str,
+        *,
+        tags: tuple[str, ...] = (),
+        labels: dict[str, str] | None = None,
+        platform: str = AMD64,
     ) -> str:
         """Put an image in the engine (as `docker build`/`pull` elsewhere would); return its id."""
         image_id = "sha256:" + hashlib.sha256(seed.encode()).hexdigest()
         with self._lock:
-            self.images[image_id] = Image(id=image_id, tags=[], labels=dict(labels or {}))
+            self.images[image_id] = Image(
+                id=image_id, tags=[], labels=dict(labels or {}), platform=platform
+            )
         for tag in tags:
             self.tag(image_id, tag)
         return image_id
 
     def add_base(
-        self, ref: str, *, codename: str = "bookworm", python: str | None = "3.11"
+        self,
+        ref: str,
+        *,
+        codename: str = "bookworm",
+        python: str | None = "3.11",
+        platform: str = AMD64,
     ) -> BaseProbe:
         """A local base image and what probing it finds."""
-        image_id = self.add_image(f"base {ref}", tags=(ref,))
+        image_id = self.add_image(f"base {ref} {platform}", tags=(ref,), platform=platform)
         self.bases[ref] = BaseProbe(
-            ref=ref, image_id=image_id, os_id="debian", os_codename=codename, python=python
-        )
+            ref=ref, image_id=image_id, os_id="debian", os_codename=codename, python=python,
+            platform=platform,
+        )  # fmt: skip
         return self.bases[ref]
 
     def remove_image(self, ref: str) -> None:
@@ -121,7 +140,10 @@ class InMemoryEngine:
 
     def describe(self) -> EngineInfo:
         runtimes = ("nvidia", "runc") if self.nvidia else ("runc",)
-        return EngineInfo(version="in-memory", runtimes=runtimes, cdi_spec_dirs=(), root_dir="")
+        return EngineInfo(
+            version="in-memory", runtimes=runtimes, cdi_spec_dirs=(), root_dir="",
+            platform=self.platform,
+        )  # fmt: skip
 
     def has_nvidia_runtime(self) -> bool:
         return self.nvidia
@@ -136,7 +158,10 @@ class InMemoryEngine:
             )
             if found is None:
                 return None
-            return ImageInfo(id=found.id, tags=tuple(found.tags), labels=dict(found.labels))
+            return ImageInfo(
+                id=found.id, tags=tuple(found.tags), labels=dict(found.labels),
+                platform=found.platform,
+            )  # fmt: skip
 
     def tag(self, image_id: str, ref: str) -> None:
         ref = _normalize(ref)
@@ -160,6 +185,7 @@ class InMemoryEngine:
         proxy: ProxySettings | None = None,
         builder: str = CLASSIC,
         secrets: Mapping[str, Path] | None = None,
+        platform: str | None = None,
     ) -> str:
         dockerfile = (context_dir / "Dockerfile").read_text(encoding="utf-8")
         files = tuple(sorted(str(p.relative_to(context_dir)) for p in context_dir.rglob("*")))
@@ -169,7 +195,7 @@ class InMemoryEngine:
                 Build(
                     dockerfile=dockerfile, files=files, tag=tag, labels=dict(labels),
                     build_args=dict(build_args), network=network, target=target, no_cache=no_cache,
-                    proxy=proxy, builder=builder, secrets=held,
+                    proxy=proxy, builder=builder, secrets=held, platform=platform,
                 )
             )  # fmt: skip
             number = len(self.builds)
@@ -185,16 +211,35 @@ class InMemoryEngine:
             on_line(f"ERROR: {self.failing_builds[tag]}")
             raise BuildFailed(self.failing_builds[tag])
         # The image carries its Dockerfile's LABELs and the build's, as a real engine's does.
+        # As both of Docker's builders do with a local base: the image is labelled with the
+        # base's platform, whatever `platform` asked for.
+        base = self.image(next(iter(re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)), ""))
         image_id = self.add_image(
             f"build {number} on {self.name}\n{dockerfile}",
             labels={**dockerfile_labels(dockerfile), **labels},
+            platform=base.platform if base is not None else AMD64,
         )
         if tag is not None:
             self.tag(image_id, tag)
         return image_id
 
-    def import_rootfs(self, tar_stream: IO[bytes], ref: str, changes: list[str]) -> str:
-        return self.add_image(f"import {ref} {len(tar_stream.read())}", tags=(ref,))
+    def load(self, archive: IO[bytes]) -> tuple[str, ...]:
+        """Reads the archive's manifest and configs as `docker load` does."""
+        loaded = []
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+        for item in json.loads(members["manifest.json"]):
+            config = json.loads(members[item["Config"]])
+            platform = f"{config['os']}/{config['architecture']}"
+            loaded.append(
+                self.add_image(
+                    f"load {hashlib.sha256(members[item['Config']]).hexdigest()}",
+                    tags=tuple(item.get("RepoTags") or ()),
+                    labels=dict(config.get("config", {}).get("Labels") or {}),
+                    platform=platform,
+                )
+            )
+        return tuple(loaded)
 
     def push(
         self,
@@ -212,7 +257,7 @@ class InMemoryEngine:
         # One image, one manifest: every reference pushed from it has the same digest.
         return "sha256:" + hashlib.sha256(f"manifest {image_id}".encode()).hexdigest()
 
-    def probe_base(self, ref: str) -> BaseProbe:
+    def probe_base(self, ref: str, platform: str | None = None) -> BaseProbe:
         with self._lock:
             self.probes.append(ref)
         if ref not in self.bases:

@@ -53,7 +53,9 @@ def host_report(
          "version": "27.5.1", "api_version": "1.47", "rootless": False,
          "runtimes": ["runc", "nvidia"], "nvidia_runtime": True, "cdi_spec_dirs": [],
          "builders": {n: {"works": not why, "why_not": why} for n, why in builders.items()},
-         "needs": _needs(builders, nvidia=True)}
+         "needs": _needs(builders, nvidia=True), "platform": "linux/amd64",
+         "platforms": {"linux/amd64": "natively",
+                       "linux/arm64": "under emulation (qemu, about 10 times slower)"}}
         if engine_up
         else {"reachable": False, "error": "cannot connect to the Docker engine; start dockerd"}
     )  # fmt: skip
@@ -108,7 +110,7 @@ def test_a_cpu_host_without_an_engine_is_reported_plainly() -> None:
 def test_a_gpu_host_lists_its_driver_gpus_and_cuda() -> None:
     lines = report_lines(host_report(gpus=(H100,), engine_up=True))
 
-    assert lines[1:8] == [
+    assert lines[1:10] == [
         "  Docker at unix:///var/run/docker.sock, version 27.5.1 (API 1.47); NVIDIA runtime: yes; "
         "runtimes: runc, nvidia",
         "  builder buildkit: works",
@@ -117,6 +119,8 @@ def test_a_gpu_host_lists_its_driver_gpus_and_cuda() -> None:
         "  package cache: yes: a BuildKit cache mount",
         "  offline network: yes: BuildKit's --network=none",
         "  gpus: yes: the NVIDIA runtime",
+        "  builds for linux/amd64: natively",
+        "  builds for linux/arm64: under emulation (qemu, about 10 times slower)",
     ]
     assert "  driver 535.104.05 (1 GPU(s) via nvidia-smi)" in lines
     assert "  GPU 0: NVIDIA H100 80GB HBM3, 85.5 GB, compute capability 9.0" in lines

@@ -218,21 +218,6 @@ def test_plan_lists_both_platforms_when_asked() -> None:
     assert "torch2.10.0-cpu-py3.11-bookworm-arm64" in result.stdout
 
 
-def test_build_refuses_another_platform_before_anything_is_built(tmp_path: Path) -> None:
-    # No engine is asked: the refusal comes from the plan, before the engine is connected.
-    result = CliRunner().invoke(
-        main,
-        ["build", "--framework", "torch", "--framework-version", "2.10.0", "--cuda", "cpu",
-         "--platform", "linux/arm64" if host_platform() == AMD64 else "linux/amd64",
-         "--report", str(tmp_path / "r.json")],
-        env={"DOCKER_HOST": "tcp://127.0.0.1:9"},
-    )  # fmt: skip
-    assert result.exit_code == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert "envbuild builds images for this host's platform" in line
-    assert not (tmp_path / "r.json").exists()
-
-
 def test_platforms_yaml_problems_name_file_and_place(tmp_path: Path) -> None:
     cases = [
         ('versions: ">=2.0,<2.11"', 'versions: "2.0 to 2.10"', "is not a version specifier"),

@@ -42,7 +42,11 @@ from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_mat
 
 GOLDEN = Path(__file__).parent / "golden"
 BARE_BOOKWORM = BaseProbe(
-    ref="base", image_id="sha256:abc", os_id="debian", os_codename="bookworm", python=None
+    ref="envbuild/base:bookworm",
+    image_id="sha256:abc",
+    os_id="debian",
+    os_codename="bookworm",
+    python=None,
 )
 
 
@@ -387,7 +391,11 @@ def test_the_hash_follows_the_lock_and_the_base_never_the_ca_bundle_or_the_wheel
     assert again(lock=lock_of("torch==2.13.0+cpu", "filelock==3.0.1")) != first
     assert again(lock=Lock(entry_id="test", text=LOCK.text + "# a comment\n")) != first
     other_base = BaseProbe(
-        ref="base", image_id="sha256:def", os_id="debian", os_codename="bookworm", python=None
+        ref="envbuild/base:bookworm",
+        image_id="sha256:def",
+        os_id="debian",
+        os_codename="bookworm",
+        python=None,
     )
     assert again(base=other_base) != first
 
