@@ -26,7 +26,8 @@ from envbuild.core.models import BuildOptions, Entry, Knowledge, Lock, Selection
 from envbuild.core.platforms import AMD64, ARM64, platform_ref
 from envbuild.engine.interface import EngineInfo
 from envbuild.host.emulation import emulation_problem, parse_entry, platform_problem
-from envbuild.plan.matrix import default_matrix_path, knowledge_matrix, load_matrix, make_plan
+from envbuild.plan.matrix import knowledge_matrix, make_plan
+from envbuild.plan.matrix_file import default_matrix_path, load_matrix
 from tests.support.engine_double import InMemoryEngine
 
 DEBIAN_AARCH64 = """enabled
