@@ -5,7 +5,9 @@
 # time; they wait on the network and the disk as much as on the CPU), then the tests marked
 # `alone` (they kill the engine, or measure) by themselves; first the main tier, then the
 # extended one (tests marked `extended`).
-# ENVBUILD_TEST_TIER=main|extended|all (default all). Extra arguments go to every pytest run.
+# Last, the emulated tier (tests marked `emulated`: linux/arm64 images built and smoke-tested
+# under qemu, about 10 times slower than the host's own).
+# ENVBUILD_TEST_TIER=main|extended|emulated|all (default all). Extra arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/host-setup.sh
@@ -38,15 +40,15 @@ trap 'rm -rf "$shared"' EXIT
 export UV_CACHE_DIR="$shared/uv"
 # A short --basetemp: messages shorten long paths, and xdist adds a folder per worker.
 args=("$@")
-if [ "${ENVBUILD_TEST_TIER:-all}" != extended ]; then
-  .venv/bin/python -m pytest tests/unit tests/hostile -n 4 --basetemp=/tmp/envbuild-tests "$@"
-fi
+case "${ENVBUILD_TEST_TIER:-all}" in
+  all|main) .venv/bin/python -m pytest tests/unit tests/hostile -n 4 --basetemp=/tmp/envbuild-tests "$@";;
+esac
 status=0
 # Two tiers of engine tests: main, then extended (fault injection, a corporate network, the
 # CUDA download, bench: tests marked `extended`), each in lanes, then its `alone` tests.
 # ENVBUILD_TEST_TIER=main or extended runs one of them; the default runs both, main first.
 tier="${ENVBUILD_TEST_TIER:-all}"
-case "$tier" in main|extended|all) ;; *) echo "ENVBUILD_TEST_TIER=$tier: use main, extended or all" >&2; exit 2;; esac
+case "$tier" in main|extended|emulated|all) ;; *) echo "ENVBUILD_TEST_TIER=$tier: use main, extended, emulated or all" >&2; exit 2;; esac
 engine_tier() {  # $1: the marker expression of the tier; $2: keep the images for a later tier
   local selection=$1 keep=$2 code=0
   ENVBUILD_TEST_SHARED=$shared ENVBUILD_TEST_KEEP_IMAGES=1 .venv/bin/python -m pytest \
@@ -57,13 +59,20 @@ engine_tier() {  # $1: the marker expression of the tier; $2: keep the images fo
       tests/integration tests/e2e -m "($selection) and alone" "${args[@]}" || code=$((code ? code : $?))
   return "$code"
 }
-if [ "$tier" != extended ]; then
-  engine_tier "not extended" "$([ "$tier" = all ] && echo 1)" || status=$?
+if [ "$tier" = all ] || [ "$tier" = main ]; then
+  engine_tier "not extended and not emulated" "$([ "$tier" = all ] && echo 1)" || status=$?
   echo "test.sh: main tier done after $SECONDS s (exit $status)" >&2
 fi
-if [ "$tier" != main ]; then
+if [ "$tier" = all ] || [ "$tier" = extended ]; then
   [ "$tier" = all ] && free_engine_disk
-  engine_tier "extended" "" || status=$((status ? status : $?))
+  engine_tier "extended and not emulated" "" || status=$((status ? status : $?))
   echo "test.sh: extended tier done after $SECONDS s (exit $status)" >&2
+fi
+if [ "$tier" = all ] || [ "$tier" = emulated ]; then
+  [ "$tier" = all ] && free_engine_disk images
+  # One module, its tests in order, by itself: emulation takes every core.
+  ENVBUILD_TEST_SHARED=$shared .venv/bin/python -m pytest tests/integration tests/e2e \
+      -m emulated "${args[@]}" || status=$((status ? status : $?))
+  echo "test.sh: emulated tier done after $SECONDS s (exit $status)" >&2
 fi
 exit "$status"

@@ -262,7 +262,8 @@ def render_entry(
         files=((INSTALLER_NAME, INSTALLER),),
         build_args={},
         content_hash=content_hash,
-        labels={labels.CONTENT_HASH: content_hash},  # the lock digest is in the Dockerfile
+        # The lock digest is in the Dockerfile; the platform is the base's (its id is hashed).
+        labels={labels.CONTENT_HASH: content_hash, labels.PLATFORM: entry.platform},
         offline=options.offline,
         lock=lock,
         served=served,

@@ -41,6 +41,7 @@ from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
 
 if TYPE_CHECKING:
+    from envbuild.publish.platform_index import IndexPublished
     from envbuild.publish.push import Candidate, Published, PublishLines
 
 
@@ -242,9 +243,21 @@ def build(
                 err=True,
             )
         elif push_registry is not None:
-            push_passed(results, push_registry, signing_key=key, **_publish_lines(push_registry))
+            push_passed(
+                results, push_registry, signing_key=key, on_index=_index_line,
+                **_publish_lines(push_registry),
+            )  # fmt: skip
         if not all(r.passed for r in results):
             sys.exit(EXIT_FAILED)
+
+
+def _index_line(index: IndexPublished) -> None:
+    """What publishing an index shows: its reference and digest, then each tag that names it."""
+    platforms = ", ".join(child.platform for child in index.children)
+    click.echo(f"  {'index':9} {index.reference} {index.digest} ({platforms})")
+    host_repository = index.reference.rsplit(":", 1)[0]
+    for tag in index.tags:
+        click.echo(f"  {'moving':9} {host_repository}:{tag} {index.digest}")
 
 
 def _publish_lines(registry: str) -> PublishLines:
@@ -299,6 +312,7 @@ def publish(
         built_entries,
         candidate,
         entry_candidates,
+        publish_platform_indexes,
         publish_reported,
     )
 
@@ -322,6 +336,11 @@ def publish(
         engine, store, items, registry, report_file=report_file, fleet=gpus, signing_key=key,
         **_publish_lines(registry),
     )  # fmt: skip
+    if not images:  # entries built for several platforms: one tag over their images
+        members = [
+            (item_entry, item.content_hash) for item_entry, item in zip(built, items, strict=True)
+        ]
+        publish_platform_indexes(registry, members, on_published=_index_line)
 
 
 @main.command()
@@ -360,7 +379,25 @@ def verify(reference: str, as_json: bool, key_path: Path | None) -> None:
             "sbom": found.sbom,
             "signed": list(found.signed) if key is not None else None,
         }
+        if found.platforms:
+            document["platforms"] = [
+                {"platform": name, "digest": image.digest, "image_id": image.image_id,
+                 "passed": image.passed, "smoke": image.report}
+                for name, image in found.platforms
+            ]  # fmt: skip
         click.echo(json.dumps(document, indent=2))
+    elif found.platforms:
+        click.echo(
+            f"{printable(reference)}: {found.digest} (an index of {len(found.platforms)} platforms)"
+        )
+        for name, image in found.platforms:
+            verdict = "passed" if image.passed else "FAILED"
+            click.echo(
+                f"  {printable(name, 40)}: {image.digest}, smoke report of image "
+                f"{image.image_id}: {verdict}"
+            )
+        for line in found.signed:
+            click.echo(f"  {printable(line, 300)}")
     else:
         train = found.report.get("train")
         train = train if isinstance(train, dict) else {}

@@ -19,6 +19,8 @@ INSTALL_STAGE = STAGE + "=install"
 # sha256 of the envbuild.lock the image installed (and keeps at /opt/venv/envbuild.lock).
 LOCK_DIGEST = PREFIX + "lock-digest"
 VERSION = PREFIX + "version"  # the envbuild that built the image
+# The platform the image is for (linux/amd64, linux/arm64), beside what its config records.
+PLATFORM = PREFIX + "platform"
 # The image's content hash; inherited by images built FROM it.
 CONTENT_HASH = PREFIX + "content-hash"
 # The uid:gid the image runs as ("1000:1000", or "0:0" for a matrix's `user: root`): the smoke

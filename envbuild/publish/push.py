@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -20,10 +20,17 @@ from envbuild.plan.matrix import newest_per_framework
 from envbuild.publish import attestations, cosign
 from envbuild.publish.evidence import PACKAGES, SMOKE_REPORT, attach_evidence, image_config_digest
 from envbuild.publish.keys import SigningKey
+from envbuild.publish.platform_index import (
+    IndexPublished,
+    index_children,
+    platform_groups,
+    publish_index,
+    shared_tag,
+)
 from envbuild.publish.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from envbuild.publish.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
 from envbuild.publish.signing import Subject, sign_image
-from envbuild.publish.verify import Target, held_digest, target
+from envbuild.publish.verify import Target, held_digest, split_registry, target
 from envbuild.registry import RegistryClient
 from envbuild.report.documents import write_json
 from envbuild.smoke.static import fleet_refusal
@@ -150,9 +157,54 @@ def built_entries(engine: Engine, entries: tuple[Entry, ...]) -> list[Entry]:
 
 
 def entry_candidates(engine: Engine, store: ResultStore, entries: list[Entry]) -> list[Candidate]:
-    """Each entry's image as a candidate, with its moving tags (series, and `latest`)."""
+    """Each entry's image as a candidate, with its moving tags (series, and `latest`); an entry
+    built for several platforms in this run has none: they name the index over its platforms'
+    images (publish_platform_indexes)."""
     tags = moving_tags(entries)
-    return [candidate(engine, store, e.image, moving=tags[e.id]) for e in entries]
+    grouped = {e.id for members in platform_groups(entries).values() for e in members}
+    return [
+        candidate(engine, store, e.image, moving=() if e.id in grouped else tags[e.id])
+        for e in entries
+    ]
+
+
+def publish_platform_indexes(
+    registry: str,
+    members: Sequence[tuple[Entry, str | None]],
+    *,
+    on_published: Callable[[IndexPublished], None],
+) -> list[IndexPublished]:
+    """For the entries that differ only in their platform, one tag over their published images
+    (an image index), with the moving tags of all of them. `members`: every entry of the run
+    with the content hash of its published image, None for one that failed. An index with a
+    missing or failed platform is never published: EnvbuildError naming it, after the others."""
+    groups = platform_groups([entry for entry, _ in members])
+    if not groups:
+        return []
+    hashes = dict((entry.id, content_hash) for entry, content_hash in members)
+    tags = moving_tags([entry for entry, _ in members])
+    published, refused = [], []
+    with RegistryClient.for_host(split_registry(registry)[0]) as client:
+        for shared, entries in groups.items():
+            failed = [e for e in entries if hashes[e.id] is None]
+            if failed:
+                refused.append(
+                    f"not publishing one tag for {shared}: its {failed[0].platform} image "
+                    f"({failed[0].id}) failed; each platform's image must pass before the "
+                    "index over them is published"
+                )
+                continue
+            children = index_children(client, registry, [(e, hashes[e.id] or "") for e in entries])
+            name, tag = shared_tag(entries)
+            moving = tuple(dict.fromkeys(t for e in entries for t in tags[e.id]))
+            done = publish_index(
+                client, registry, name=name, tag=tag, children=children, moving=moving
+            )
+            on_published(done)
+            published.append(done)
+    if refused:
+        raise EnvbuildError("; ".join(refused))
+    return published
 
 
 def publish_images(

@@ -78,6 +78,8 @@ class Verification:
     packages: str
     sbom: dict[str, Any] | None = None  # format and package counts, when the evidence has one
     signed: tuple[str, ...] = ()  # with a key: what its signature and attestations proved
+    # An image index (one tag for several platforms): each platform's image, verified as one.
+    platforms: tuple[tuple[str, Verification], ...] = ()
 
 
 def verify_digest(
@@ -87,6 +89,8 @@ def verify_digest(
     together. Everything the registry returns is checked for shape; one deadline bounds it all."""
     with client.operation():
         manifest, _, digest = client.get_manifest(repository, reference)
+        if "manifests" in manifest and "config" not in manifest:
+            return _verify_index(client, repository, manifest, digest, shown)
         image_id = image_config_digest(client, manifest, client.name(repository, digest))
         files = find_evidence(client, repository, digest)
         where = f"the evidence of {client.host}/{repository}@{digest}"
@@ -108,6 +112,44 @@ def verify_digest(
     )
 
 
+MAX_PLATFORMS = 8  # an index of envbuild's names one image per platform it builds for
+
+
+def _verify_index(
+    client: RegistryClient, repository: str, index: dict[str, Any], digest: str, shown: str
+) -> Verification:
+    """Every platform's image of an index, verified with its own evidence; passed only when
+    every one passed."""
+    what = client.name(repository, digest)
+    children = index.get("manifests")
+    if not isinstance(children, list) or not 0 < len(children) <= MAX_PLATFORMS:
+        raise client.malformed(
+            what, kind="index", why=f"it does not list 1 to {MAX_PLATFORMS} images"
+        )
+    platforms: list[tuple[str, Verification]] = []
+    for child in children:
+        child = client.descriptor(child, what, kind="index")
+        platform = child.get("platform")
+        if not isinstance(platform, dict) or not all(
+            isinstance(platform.get(key), str) for key in ("os", "architecture")
+        ):
+            raise client.malformed(what, kind="index", why="an image's platform is not named")
+        name = f"{platform['os']}/{platform['architecture']}"
+        found = verify_digest(client, repository, child["digest"], f"{shown} ({name})")
+        if found.platforms:
+            raise client.malformed(what, kind="index", why="it names another index")
+        platforms.append((name, found))
+    return Verification(
+        reference=shown,
+        digest=digest,
+        image_id="",
+        passed=all(found.passed for _, found in platforms),
+        report={},
+        packages="",
+        platforms=tuple(platforms),
+    )
+
+
 def verify_reference(text: str, key: EllipticCurvePublicKey | None = None) -> Verification:
     """`envbuild verify REF [--key PUB]`: the published image and the smoke report attached to
     it; with a key, its signature and signed attestations too (SignatureError on any mismatch)."""
@@ -116,6 +158,14 @@ def verify_reference(text: str, key: EllipticCurvePublicKey | None = None) -> Ve
         found = verify_digest(client, ref.repository, ref.reference, text)
         if key is None:
             return found
+        if found.platforms:  # each platform's image carries its own signature
+            checked = []
+            for name, image in found.platforms:
+                subject = Subject(host=ref.host, repository=ref.repository, digest=image.digest)
+                checked += [
+                    f"{name}: {line}" for line in verify_image(client, subject, key).checked
+                ]
+            return dataclasses.replace(found, signed=tuple(checked))
         subject = Subject(host=ref.host, repository=ref.repository, digest=found.digest)
         signed = verify_image(client, subject, key)
     return dataclasses.replace(found, signed=tuple(signed.checked))
