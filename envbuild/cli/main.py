@@ -212,6 +212,7 @@ def build(
     from envbuild.core.store import ResultStore
     from envbuild.pipeline.entries import RunOptions, run_entries
     from envbuild.pipeline.runs import push_passed, record_run
+    from envbuild.report.documents import write_build_reports
 
     check_output_files(("--report", report_file), ("--junit", junit_file))  # before the builds
     key = signing_key_from(sign, push_registry, "--push")
@@ -243,12 +244,61 @@ def build(
                 err=True,
             )
         elif push_registry is not None:
-            push_passed(
-                results, push_registry, signing_key=key, on_index=_index_line,
-                **_publish_lines(push_registry),
-            )  # fmt: skip
+            pushed: dict[str, str] = {}
+            lines = _publish_lines(push_registry)
+
+            def done(item: Candidate, published: Published) -> None:
+                lines["on_published"](item, published)
+                if published.kind == "immutable":
+                    pushed[item.source] = f"{published.reference}@{published.digest}"
+
+            try:
+                push_passed(
+                    results, push_registry, signing_key=key, on_index=_index_line,
+                    on_start=lines["on_start"], on_published=done,
+                )  # fmt: skip
+            finally:  # the report names what reached the registry, also when a push failed
+                if report_file is not None and pushed:
+                    results = [
+                        dataclasses.replace(r, pushed=pushed.get(r.entry.image)) for r in results
+                    ]
+                    write_build_reports(results, json_file=report_file, junit_file=None)
         if not all(r.passed for r in results):
             sys.exit(EXIT_FAILED)
+
+
+def _merge_platforms(
+    registry: str, reports: tuple[Path, ...], kwargs: dict[str, Any], *, images: tuple[str, ...]
+) -> None:
+    """`publish --merge`: the index over each planned entry's platforms, from what the reports
+    of CI's per-platform jobs say they published; no engine involved."""
+    from envbuild.core.errors import BadInput
+    from envbuild.publish.merge import published_hashes
+    from envbuild.publish.platform_index import platform_groups
+    from envbuild.publish.push import publish_platform_indexes
+    from envbuild.publish.verify import split_registry
+
+    if images:
+        msg = "--merge takes the selectors (or -m) of the build jobs, not IMAGE references"
+        raise BadInput(msg)
+    split_registry(registry)  # a registry without a host is refused before the reports are read
+    hashes = published_hashes(reports)
+    _, _, result = plan_from(kwargs)
+    # The entries the reports speak of, with their other platforms: one missing there blocks
+    # its index; an entry no job reported (not in this run's matrix jobs) is left alone.
+    groups = [
+        members
+        for members in platform_groups(list(result.entries)).values()
+        if any(entry.id in hashes for entry in members)
+    ]
+    if not groups:
+        msg = (
+            "--merge: the reports name no selected entry that is planned for more than one "
+            "platform; give the selectors (or -m) of the build jobs, with both platforms"
+        )
+        raise BadInput(msg)
+    members = [(entry, hashes.get(entry.id)) for group in groups for entry in group]
+    publish_platform_indexes(registry, members, on_published=_index_line)
 
 
 def _index_line(index: IndexPublished) -> None:
@@ -287,6 +337,17 @@ def _publish_lines(registry: str) -> PublishLines:
     type=click.Path(path_type=Path),
     help="Write the pushed references as JSON.",
 )
+@click.option(
+    "--merge",
+    "merge_reports",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    metavar="REPORT",
+    help=(
+        "Publish only the index over each entry's platforms, from the --report of each "
+        "platform's build job (repeatable); the selectors or -m plan the same entries."
+    ),
+)
 @sign_option
 @fleet_option
 @reports_errors
@@ -294,7 +355,7 @@ def _publish_lines(registry: str) -> PublishLines:
 @ca_bundle_option
 def publish(
     images: tuple[str, ...], registry: str, report_file: Path | None, sign: bool,
-    fleet_gpus: tuple[str, ...], **kwargs: Any,
+    fleet_gpus: tuple[str, ...], merge_reports: tuple[Path, ...], **kwargs: Any,
 ) -> None:  # fmt: skip
     """Push vetted images (by selectors, or IMAGE references) and verify what the registry holds.
 
@@ -319,6 +380,9 @@ def publish(
     if images and picked(kwargs):
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
+    if merge_reports:
+        _merge_platforms(registry, merge_reports, kwargs, images=images)
+        return
     check_output_files(("--report", report_file))  # before any push
     key = signing_key_from(sign, registry, "--registry")
     fleet = fleet_from(load_knowledge(), None, fleet_gpus)

@@ -86,6 +86,7 @@ class EntryResult:
     smoke_reused: bool = False  # the image was vetted before; its recorded result stands
     seconds: float = 0.0
     published: str | None = None  # host/repo:tag@digest the registry holds, vetted: not built
+    pushed: str | None = None  # host/repo:tag@digest this run published (build --push)
 
     @property
     def passed(self) -> bool:
@@ -127,6 +128,7 @@ class EntryResult:
             "image": image,
             "status": self.status,
             "published": self.published,
+            "pushed": self.pushed,
             "passed": self.passed,
             "error": self.error,
             "smoke": self.smoke.as_dict() if self.smoke is not None else None,

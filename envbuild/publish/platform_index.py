@@ -1,9 +1,10 @@
 """One tag for several platforms: an image index over each platform's vetted, published image.
 
 Each platform's image is published as any image is (its immutable tag, its evidence, its
-signature); the index names them by digest under the entry's tag without the platform suffix,
-and the moving tags (torch2.13-cpu-py3.11, latest) name the index, so that `docker pull` on an
-arm64 node gets the arm64 image. An index is published only when every platform of the entry
+signature); the index names them by digest under an immutable tag (the entry's tag without the platform
+suffix, and the digest of its images), and the entry's tag and its moving tags
+(torch2.13-cpu-py3.11, latest) name the index, so that `docker pull` on an arm64 node gets the
+arm64 image. An index is published only when every platform of the entry
 passed its smoke test and the registry holds its image: a missing platform is an error, never
 an index with a hole.
 """

@@ -12,6 +12,7 @@ from envbuild.core import labels as label_keys
 from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.models import Entry, Gpu
 from envbuild.core.names import split_tag
+from envbuild.core.platforms import tag_suffix
 from envbuild.core.store import ResultStore, SmokeRecord
 from envbuild.core.versions import cuda_tag
 from envbuild.engine.interface import Engine
@@ -132,15 +133,26 @@ def candidate(
 
 def moving_tags(entries: list[Entry]) -> dict[str, tuple[str, ...]]:
     """Per entry id: the series tag (torch2.13-cpu-py3.11) and, for the newest release of each
-    framework in this run, `latest`."""
-    newest = newest_per_framework(entries)
+    framework in this run, `latest`; an arm64 entry without its amd64 twin in the run gets them
+    with its platform's suffix (latest-arm64)."""
+    # The newest of each framework for each platform: one platform's newer release does not
+    # take `latest` from another's.
+    newest = {
+        e.id
+        for platform in {e.platform for e in entries}
+        for e in newest_per_framework([e for e in entries if e.platform == platform]).values()
+    }
+    grouped = {e.id for members in platform_groups(entries).values() for e in members}
     tags: dict[str, tuple[str, ...]] = {}
     for entry in entries:
         series = ".".join(entry.framework_version.split(".")[:2])
         names = [f"{entry.framework}{series}-{cuda_tag(entry.cuda)}-py{entry.python}"]
-        if newest[entry.framework] is entry:
+        if entry.id in newest:
             names.append("latest")
-        tags[entry.id] = tuple(names)
+        # Another platform's image alone (a CI job per platform) moves its own tags: the shared
+        # ones name the amd64 image, or the index once both platforms are published together.
+        suffix = "" if entry.id in grouped else tag_suffix(entry.platform)
+        tags[entry.id] = tuple(name + suffix for name in names)
     return tags
 
 
@@ -190,13 +202,14 @@ def publish_platform_indexes(
             if failed:
                 refused.append(
                     f"not publishing one tag for {shared}: its {failed[0].platform} image "
-                    f"({failed[0].id}) failed; each platform's image must pass before the "
-                    "index over them is published"
+                    f"({failed[0].id}) failed or was not published; each platform's image must "
+                    "pass and be published before the index over them is"
                 )
                 continue
             children = index_children(client, registry, [(e, hashes[e.id] or "") for e in entries])
             name, tag = shared_tag(entries)
-            moving = tuple(dict.fromkeys(t for e in entries for t in tags[e.id]))
+            # The entry's own tag names the index too: `docker pull REPO:<tag>` on any node.
+            moving = tuple(dict.fromkeys([tag, *(t for e in entries for t in tags[e.id])]))
             done = publish_index(
                 client, registry, name=name, tag=tag, children=children, moving=moving
             )

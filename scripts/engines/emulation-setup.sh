@@ -9,15 +9,12 @@ set -euo pipefail
 say() { printf 'emulation-setup: %s\n' "$*" >&2; }
 
 [ "$(uname -m)" = x86_64 ] || exit 0  # an arm64 host builds arm64 natively
+# shellcheck source=scripts/engines/apt-install.sh
+. "$(dirname "$0")/apt-install.sh"
 need_apt=()
 [ -x /usr/bin/qemu-aarch64-static ] || need_apt+=(qemu-user-static)
 command -v update-binfmts >/dev/null 2>&1 || need_apt+=(binfmt-support)
-if ((${#need_apt[@]})); then
-  say "installing ${need_apt[*]}"
-  apt-get -o DPkg::Lock::Timeout=600 update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq \
-    --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+apt_install "${need_apt[@]}"
 binfmt=/proc/sys/fs/binfmt_misc
 if [ ! -e "$binfmt/register" ]; then
   say "mounting binfmt_misc"

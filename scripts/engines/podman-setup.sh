@@ -10,14 +10,10 @@ set -euo pipefail
 
 say() { printf 'podman-setup: %s\n' "$*" >&2; }
 
+# shellcheck source=scripts/engines/apt-install.sh
+. "$(dirname "$0")/apt-install.sh"
 need_apt=()
 command -v podman >/dev/null 2>&1 || need_apt+=(podman)
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
-if ((${#need_apt[@]})); then
-  say "installing ${need_apt[*]}"
-  # Other set-up scripts may be installing at the same moment: wait for dpkg's lock, not fail.
-  apt-get -o DPkg::Lock::Timeout=600 update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq \
-    --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+apt_install "${need_apt[@]}"

@@ -10,18 +10,14 @@ set -euo pipefail
 user=envbuild-rootless
 say() { printf 'rootless-setup: %s\n' "$*" >&2; }
 
+# shellcheck source=scripts/engines/apt-install.sh
+. "$(dirname "$0")/apt-install.sh"
 need_apt=()
 command -v rootlesskit >/dev/null 2>&1 || need_apt+=(rootlesskit)
 command -v slirp4netns >/dev/null 2>&1 || need_apt+=(slirp4netns)
 command -v newuidmap >/dev/null 2>&1 || need_apt+=(uidmap)
 command -v fuse-overlayfs >/dev/null 2>&1 || need_apt+=(fuse-overlayfs)
-if ((${#need_apt[@]})); then
-  say "installing ${need_apt[*]}"
-  # Other set-up scripts may be installing at the same moment: wait for dpkg's lock, not fail.
-  apt-get -o DPkg::Lock::Timeout=600 update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq \
-    --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+apt_install "${need_apt[@]}"
 [ -x /usr/share/docker.io/contrib/dockerd-rootless.sh ] \
   || { say "no /usr/share/docker.io/contrib/dockerd-rootless.sh: install Debian's docker.io"; exit 1; }
 

@@ -143,18 +143,20 @@ def test_both_platforms_publish_under_one_tag_and_each_pulls_its_own(
     assert set(tested) == {"linux/amd64", "linux/arm64"}
     (index_line,) = [line for line in result.stdout.splitlines() if line.split()[:1] == ["index"]]
     assert index_line.endswith("(linux/amd64, linux/arm64)")
-    latest = f"{registry}/jax:latest"
-    assert f"moving    {latest} " in result.stdout
+    assert f"moving    {registry}/jax:latest " in result.stdout
+    shared = index_line.split()[1].split(":")[-1].rsplit("-", 1)[0]  # the entry's own tag
+    pulled_ref = f"{registry}/jax:{shared}"
+    assert f"moving    {pulled_ref} " in result.stdout
 
     for platform, image_id in tested.items():
-        pulled = docker_client.images.pull(latest, platform=platform)
+        pulled = docker_client.images.pull(pulled_ref, platform=platform)
         try:
             assert pulled.id == image_id, platform  # the very image that passed its smoke test
             assert pulled.attrs["Architecture"] == platform.split("/")[1]
         finally:
-            docker_client.images.remove(latest, force=True)
+            docker_client.images.remove(pulled_ref, force=True)
 
-    verified = envbuild("verify", latest, "--json")
+    verified = envbuild("verify", pulled_ref, "--json")
     assert verified.returncode == 0, verified.stderr
     document = json.loads(verified.stdout)
     assert document["passed"] is True

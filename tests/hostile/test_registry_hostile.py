@@ -320,6 +320,21 @@ MALFORMED_DESCRIPTORS = {
     "index-annotation-int": {"digest": "sha256:" + "b" * 64, "annotations": {"a": 1}},
     "index-size-negative": {"digest": "sha256:" + "b" * 64, "size": -5},
 }
+# One tag for several platforms: an image index where one image belongs.
+_CHILD = {"mediaType": OCI_MANIFEST, "digest": "sha256:" + "d" * 64, "size": 10}
+_ARM64 = {"os": "linux", "architecture": "arm64"}
+MALFORMED_PLATFORM_INDEXES = {
+    "platform-index-empty": ([], "does not list 1 to 8 images"),
+    "platform-index-of-nine": ([{**_CHILD, "platform": _ARM64}] * 9, "does not list 1 to 8 images"),
+    "platform-index-child-string": (["sha256:" + "d" * 64], "a descriptor is not a JSON object"),
+    "platform-index-child-junk-digest": ([{**_CHILD, "digest": "../x", "platform": _ARM64}],
+                                         "a descriptor's digest is not a digest"),
+    "platform-index-child-unnamed": ([_CHILD], "an image's platform is not named"),
+    "platform-index-child-platform-ints": ([{**_CHILD, "platform": {"os": 1, "architecture": 2}}],
+                                           "an image's platform is not named"),
+    "platform-index-child-platform-list": ([{**_CHILD, "platform": ["linux", "arm64"]}],
+                                           "an image's platform is not named"),
+}  # fmt: skip
 MALFORMED_INDEXES = {
     "index-not-json": b"<html>referrers</html>",
     "index-list": b"[]",
@@ -428,11 +443,9 @@ def cases() -> Iterator[Case]:
     yield Case("layers-string", manifest_with(setter("layers", "x")), "layers is not a list")
     yield Case("layers-not-objects", manifest_with(setter("layers", [1, "a"])), "not a JSON object")
     yield Case("media-type-int", manifest_with(setter("mediaType", 7)), "mediaType is not a string")
-    yield Case(
-        "an-image-index",
-        published(image_manifest=canonical({"schemaVersion": 2, "manifests": []})),
-        "is an image index",
-    )
+    for name, (children, why) in MALFORMED_PLATFORM_INDEXES.items():
+        index = canonical({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": children})
+        yield Case(name, published(image_manifest=index), ("returned a malformed index", why))
     for name, (report, why) in MALFORMED_SMOKE_REPORTS.items():
         yield Case(name, published(smoke=report), ("returned a malformed smoke report", why))
     yield Case(

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from envbuild.cli.main import main
 from envbuild.core.errors import EnvbuildError
 from envbuild.core.models import Entry, Knowledge, Selection
 from envbuild.core.platforms import AMD64, ARM64
@@ -74,10 +76,8 @@ def test_an_index_names_each_platforms_image_and_the_moving_tags_follow(
     assert shown == [index]
     assert index.reference.startswith(f"{registry}/jax:{entries[0].image.rsplit(':', 1)[1]}-")
     assert "-arm64" not in index.reference
-    assert set(index.tags) == {
-        f"jax{entries[0].framework_version.rsplit('.', 1)[0]}-cpu-py3.11",
-        "latest",
-    }
+    series = f"jax{entries[0].framework_version.rsplit('.', 1)[0]}-cpu-py3.11"
+    assert index.tags == (entries[0].image.rsplit(":", 1)[1], series, "latest")
     with RegistryClient.for_host(server.host) as client:
         body, media_type, digest = client.manifest_raw(
             "team/jax", index.reference.rsplit(":", 1)[1]
@@ -133,6 +133,50 @@ def test_a_missing_or_failed_platform_blocks_the_index(
     with pytest.raises(EnvbuildError) as refused:
         publish_platform_indexes(registry, failed, on_published=lambda index: None)
     assert "its linux/arm64 image" in refused.value.message
-    assert "failed; each platform's image must pass before the index" in refused.value.message
+    assert "failed or was not published; each platform's image must pass" in refused.value.message
     with RegistryClient.for_host(server.host) as client, pytest.raises(RegistryNotFound):
         client.manifest_digest("holes/jax", "latest")  # no tag moved to a partial index
+
+
+def report(path: Path, *results: dict[str, object]) -> Path:
+    path.write_text(json.dumps({"results": list(results)}))
+    return path
+
+
+def test_ci_jobs_reports_are_merged_under_one_tag(
+    server: RegistryServer, knowledge: Knowledge, tmp_path: Path
+) -> None:
+    # Two build jobs, one per platform, each pushed its image and wrote its --report.
+    registry = f"{server.host}/merged"
+    entries = both_platforms(knowledge)
+    digests = push_children(server, registry, entries)
+    reports = []
+    for entry in entries:
+        where = entry_target(registry, entry.image, HASHES[entry.platform])
+        reports += ["--merge", str(report(
+            tmp_path / f"{entry.platform.replace('/', '-')}.json",
+            {"entry": {"id": entry.id}, "passed": True, "published": None,
+             "pushed": f"{where.reference}@{digests[entry.platform]}"},
+        ))]  # fmt: skip
+    selectors = ["--framework", "jax", "--cuda", "cpu", "--platform", f"{AMD64},{ARM64}"]
+
+    merged = CliRunner().invoke(main, ["publish", "--registry", registry, *selectors, *reports])
+
+    assert merged.exit_code == 0, merged.output
+    (line,) = [x for x in merged.stdout.splitlines() if x.split()[:1] == ["index"]]
+    assert line.endswith("(linux/amd64, linux/arm64)")
+    tag = entries[0].image.rsplit(":", 1)[1]
+    with RegistryClient.for_host(server.host) as client:
+        body, _, _ = client.manifest_raw("merged/jax", tag)
+    assert [m["digest"] for m in json.loads(body)["manifests"]] == [digests[AMD64], digests[ARM64]]
+
+    # The arm64 job failed: its report says so, and the index is not made again over a hole.
+    amd64_report, arm64 = reports[1], next(e for e in entries if e.platform == ARM64)
+    failed = report(tmp_path / "failed.json", {"entry": {"id": arm64.id}, "passed": False})
+    again = CliRunner().invoke(
+        main, ["publish", "--registry", f"{server.host}/other-run", *selectors,
+               "--merge", amd64_report, "--merge", str(failed)],
+    )  # fmt: skip
+    assert again.exit_code == 1, again.output
+    (error,) = again.stderr.strip().splitlines()
+    assert f"its linux/arm64 image ({arm64.id}) failed or was not published" in error

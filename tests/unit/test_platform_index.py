@@ -18,7 +18,7 @@ from envbuild.payload import smoke_harness
 from envbuild.plan.matrix import knowledge_matrix, make_plan
 from envbuild.plan.matrix_file import default_matrix_path, load_matrix
 from envbuild.publish.platform_index import Child, index_document, platform_groups, shared_tag
-from envbuild.publish.push import entry_candidates
+from envbuild.publish.push import entry_candidates, moving_tags
 from envbuild.registry import DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX, OCI_MANIFEST
 from tests.support.engine_double import InMemoryEngine
 
@@ -101,3 +101,16 @@ def test_payload_deadlines_stretch_by_the_hosts_slowdown_and_never_shrink(
     assert run.total_s == pytest.approx(100 * factor)
     assert run.time_left() == pytest.approx(100 * factor, abs=1)
     assert ("slowdown" in run.extra) == (factor != 1.0)
+
+
+def test_an_arm64_image_alone_moves_its_own_tags_not_the_shared_ones(knowledge: Knowledge) -> None:
+    # A CI job per platform: the arm64 job must not move `latest` to the arm64 image.
+    both = planned(knowledge, f"{AMD64},{ARM64}")
+    arm64 = [e for e in both if e.platform == ARM64]
+    amd64 = [e for e in both if e.platform == AMD64]
+    series = f"jax{arm64[0].framework_version.rsplit('.', 1)[0]}-cpu-py3.11"
+
+    assert moving_tags(arm64)[arm64[0].id] == (f"{series}-arm64", "latest-arm64")
+    assert moving_tags(amd64)[amd64[0].id] == (series, "latest")
+    together = moving_tags(both)
+    assert together[amd64[0].id] == (series, "latest") == together[arm64[0].id]
