@@ -57,7 +57,7 @@ def push_passed(
     engine = connect()
     if fresh:
         store = ResultStore.default()
-        items = entry_candidates(engine, store, fresh)
+        items = entry_candidates(engine, store, fresh, run=[r.entry for r in results])
         publish_reported(
             engine, store, items, registry, report_file=None, on_start=on_start,
             on_published=on_published, signing_key=signing_key,

@@ -168,12 +168,15 @@ def built_entries(engine: Engine, entries: tuple[Entry, ...]) -> list[Entry]:
     return built
 
 
-def entry_candidates(engine: Engine, store: ResultStore, entries: list[Entry]) -> list[Candidate]:
+def entry_candidates(
+    engine: Engine, store: ResultStore, entries: list[Entry], *, run: Sequence[Entry] = ()
+) -> list[Candidate]:
     """Each entry's image as a candidate, with its moving tags (series, and `latest`); an entry
-    built for several platforms in this run has none: they name the index over its platforms'
-    images (publish_platform_indexes)."""
+    built for several platforms in this run (`run`: all its entries, passed or not) has none:
+    they name the index over its platforms' images (publish_platform_indexes), or, when one
+    platform failed, stay where they were."""
     tags = moving_tags(entries)
-    grouped = {e.id for members in platform_groups(entries).values() for e in members}
+    grouped = {e.id for members in platform_groups([*entries, *run]).values() for e in members}
     return [
         candidate(engine, store, e.image, moving=() if e.id in grouped else tags[e.id])
         for e in entries

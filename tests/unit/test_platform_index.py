@@ -114,3 +114,20 @@ def test_an_arm64_image_alone_moves_its_own_tags_not_the_shared_ones(knowledge: 
     assert moving_tags(amd64)[amd64[0].id] == (series, "latest")
     together = moving_tags(both)
     assert together[amd64[0].id] == (series, "latest") == together[arm64[0].id]
+
+
+def test_when_one_platform_failed_the_other_leaves_the_shared_tags_where_they_were(
+    knowledge: Knowledge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store = ResultStore(tmp_path / "results.sqlite3")
+    double = InMemoryEngine()
+    both = planned(knowledge, f"{AMD64},{ARM64}")
+    passed = [e for e in both if e.platform == AMD64]
+    double.add_image(passed[0].id, tags=(passed[0].image,))
+
+    (alone,) = entry_candidates(double, store, passed)
+    (beside_a_failure,) = entry_candidates(double, store, passed, run=both)
+
+    assert "latest" in alone.moving
+    assert beside_a_failure.moving == ()
