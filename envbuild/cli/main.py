@@ -41,6 +41,7 @@ from envbuild.core.errors import EXIT_FAILED, EnvbuildError
 from envbuild.net.trust import trusting
 
 if TYPE_CHECKING:
+    from envbuild.publish.keys import SigningKey
     from envbuild.publish.platform_index import IndexPublished
     from envbuild.publish.push import Candidate, Published, PublishLines
 
@@ -268,7 +269,12 @@ def build(
 
 
 def _merge_platforms(
-    registry: str, reports: tuple[Path, ...], kwargs: dict[str, Any], *, images: tuple[str, ...]
+    registry: str,
+    reports: tuple[Path, ...],
+    kwargs: dict[str, Any],
+    *,
+    images: tuple[str, ...],
+    signing_key: SigningKey | None,
 ) -> None:
     """`publish --merge`: the index over each planned entry's platforms, from what the reports
     of CI's per-platform jobs say they published; no engine involved."""
@@ -298,7 +304,7 @@ def _merge_platforms(
         )
         raise BadInput(msg)
     members = [(entry, hashes.get(entry.id)) for group in groups for entry in group]
-    publish_platform_indexes(registry, members, on_published=_index_line)
+    publish_platform_indexes(registry, members, on_published=_index_line, signing_key=signing_key)
 
 
 def _index_line(index: IndexPublished) -> None:
@@ -308,6 +314,9 @@ def _index_line(index: IndexPublished) -> None:
     host_repository = index.reference.rsplit(":", 1)[0]
     for tag in index.tags:
         click.echo(f"  {'moving':9} {host_repository}:{tag} {index.digest}")
+    if index.signature:
+        click.echo(f"  {'signature':9} {host_repository}@{index.signature} {index.signature}")
+        click.echo(f"  {'attests':9} {host_repository}@{index.attestations} {index.attestations}")
 
 
 def _publish_lines(registry: str) -> PublishLines:
@@ -380,11 +389,11 @@ def publish(
     if images and picked(kwargs):
         msg = "give either IMAGE references or selectors, not both"
         raise BadInput(msg)
-    if merge_reports:
-        _merge_platforms(registry, merge_reports, kwargs, images=images)
-        return
     check_output_files(("--report", report_file))  # before any push
     key = signing_key_from(sign, registry, "--registry")
+    if merge_reports:
+        _merge_platforms(registry, merge_reports, kwargs, images=images, signing_key=key)
+        return
     fleet = fleet_from(load_knowledge(), None, fleet_gpus)
     gpus = fleet.gpus if fleet else ()
     if images:

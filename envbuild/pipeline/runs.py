@@ -63,7 +63,7 @@ def push_passed(
             on_published=on_published, signing_key=signing_key,
         )  # fmt: skip
     members = [(r.entry, published_hash(engine, r)) for r in results]
-    publish_platform_indexes(registry, members, on_published=on_index)
+    publish_platform_indexes(registry, members, on_published=on_index, signing_key=signing_key)
 
 
 def published_hash(engine: Engine, result: EntryResult) -> str | None:

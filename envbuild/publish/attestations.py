@@ -7,7 +7,7 @@ parse them strictly); tests round-trip them through the in-toto-attestation bind
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -159,3 +159,37 @@ def _hex(digest: str) -> str:
 def _rfc3339(moment: datetime) -> str:
     """UTC, seconds, `Z`: what protobuf's Timestamp JSON parser accepts."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def index_test_result(children: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The test-result predicate of an image index: PASSED, as an index is published only over
+    images whose own signed verdicts are PASSED; each platform's image as configuration (by
+    digest), where its own verdict and checks are attested."""
+    return {
+        "result": PASSED,
+        "configuration": [
+            {"name": platform, "digest": {"sha256": _hex(digest)}} for platform, digest in children
+        ],
+        "passedTests": [platform for platform, _ in children],
+        "warnedTests": [],
+        "failedTests": [],
+    }
+
+
+def index_provenance(children: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The SLSA provenance v1 predicate of an image index envbuild made over its images."""
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {"platforms": ",".join(p for p, _ in children)},
+            "internalParameters": {},
+            "resolvedDependencies": [
+                {"name": f"{platform} image", "digest": {"sha256": _hex(digest)}}
+                for platform, digest in children
+            ],
+        },
+        "runDetails": {
+            "builder": {"id": BUILDER_ID, "version": {"envbuild": __version__}},
+            "metadata": {},
+        },
+    }

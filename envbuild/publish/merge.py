@@ -21,7 +21,9 @@ from envbuild.core.names import shown
 MAX_REPORT_BYTES = 16 << 20  # a report of a few hundred entries is well under 1 MiB
 MAX_REPORTS = 64
 # host/repository:<tag>-<12 hex of the content hash>@sha256:<64 hex>, as publishing writes it.
-_IMMUTABLE = re.compile(r"[A-Za-z0-9_./:-]+:[A-Za-z0-9_.-]+-(?P<hash>[0-9a-f]{12})@sha256:[0-9a-f]{64}")
+_IMMUTABLE = re.compile(
+    r"[A-Za-z0-9_./:-]+:[A-Za-z0-9_.-]+-(?P<hash>[0-9a-f]{12})@sha256:[0-9a-f]{64}"
+)
 
 
 def published_hashes(paths: tuple[Path, ...]) -> dict[str, str | None]:

@@ -45,6 +45,8 @@ class IndexPublished:
     digest: str
     tags: tuple[str, ...]  # the moving tags moved to it
     children: tuple[Child, ...]
+    signature: str = ""  # with --sign: the digests of its signature and attestations
+    attestations: str = ""
 
 
 def platform_groups(entries: list[Entry]) -> dict[str, list[Entry]]:

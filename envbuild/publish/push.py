@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -188,11 +189,14 @@ def publish_platform_indexes(
     members: Sequence[tuple[Entry, str | None]],
     *,
     on_published: Callable[[IndexPublished], None],
+    signing_key: SigningKey | None = None,
 ) -> list[IndexPublished]:
     """For the entries that differ only in their platform, one tag over their published images
     (an image index), with the moving tags of all of them. `members`: every entry of the run
     with the content hash of its published image, None for one that failed. An index with a
-    missing or failed platform is never published: EnvbuildError naming it, after the others."""
+    missing or failed platform is never published: EnvbuildError naming it, after the others.
+    With a `signing_key` the index is signed too, with the test-result and provenance
+    attestations an admission policy checks on the digest a multi-platform tag resolves to."""
     groups = platform_groups([entry for entry, _ in members])
     if not groups:
         return []
@@ -216,11 +220,27 @@ def publish_platform_indexes(
             done = publish_index(
                 client, registry, name=name, tag=tag, children=children, moving=moving
             )
+            if signing_key is not None:
+                done = _sign_index(client, done, signing_key)
             on_published(done)
             published.append(done)
     if refused:
         raise EnvbuildError("; ".join(refused))
     return published
+
+
+def _sign_index(client: RegistryClient, index: IndexPublished, key: SigningKey) -> IndexPublished:
+    """Sign the index and attest its verdict (over its images' own) and its provenance."""
+    host_repository = index.reference.rsplit(":", 1)[0]
+    host, repository = host_repository.split("/", 1)
+    children = [(child.platform, child.digest) for child in index.children]
+    predicates = {
+        cosign.TEST_RESULT: attestations.index_test_result(children),
+        cosign.SLSA_PROVENANCE: attestations.index_provenance(children),
+    }
+    subject = Subject(host=host, repository=repository, digest=index.digest)
+    signature, attested = sign_image(client, subject, key.private, predicates)
+    return dataclasses.replace(index, signature=signature, attestations=attested)
 
 
 def publish_images(

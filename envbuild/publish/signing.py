@@ -167,14 +167,20 @@ class Verified:
 
 
 def verify_image(
-    client: RegistryClient, subject: Subject, key: ec.EllipticCurvePublicKey
+    client: RegistryClient,
+    subject: Subject,
+    key: ec.EllipticCurvePublicKey,
+    required: tuple[str, ...] = REQUIRED,
 ) -> Verified:
-    """Check the image's signature and its attestations with `key`; SignatureError on the first
-    thing that does not verify, naming it."""
+    """Check the image's signature and its `required` attestations with `key`; SignatureError
+    on the first thing that does not verify, naming it. (An index has no SBOM of its own: each
+    of its images has one.)"""
     with client.operation():
         result = Verified()
         result.checked.append(_verify_signature(client, subject, key))
-        result.predicates = _verify_attestations(client, subject, key, result.checked.append)
+        result.predicates = _verify_attestations(
+            client, subject, key, result.checked.append, required
+        )
         verdict = result.predicates[cosign.TEST_RESULT].get("result")
         if verdict != "PASSED":
             failed = result.predicates[cosign.TEST_RESULT].get("failedTests")
@@ -226,6 +232,7 @@ def _verify_attestations(
     subject: Subject,
     key: ec.EllipticCurvePublicKey,
     checked: Callable[[str], None],
+    required: tuple[str, ...],
 ) -> dict[str, dict[str, Any]]:
     tag = cosign.attestation_tag(subject.digest)
     where = f"{subject.reference}:{tag}"
@@ -234,7 +241,7 @@ def _verify_attestations(
     reasons: dict[str, str] = {}
     for layer in layers:
         predicate_type = layer["annotations"].get(cosign.PREDICATE_TYPE_ANNOTATION, "")
-        if layer.get("mediaType") != cosign.DSSE_MEDIA_TYPE or predicate_type not in REQUIRED:
+        if layer.get("mediaType") != cosign.DSSE_MEDIA_TYPE or predicate_type not in required:
             continue
         data = client.get_blob(subject.repository, layer["digest"], limit=LAYER_LIMIT)
         try:
@@ -244,7 +251,7 @@ def _verify_attestations(
             reasons.setdefault(predicate_type, str(exc))
             continue
         found[predicate_type] = predicate  # the newest layer of a type wins
-    for predicate_type in REQUIRED:
+    for predicate_type in required:
         if predicate_type not in found:
             why = reasons.get(predicate_type, "none is attached")
             msg = f"no {predicate_type} attestation in {where} verifies: {why}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from envbuild.core.errors import BadInput, EnvbuildError
 from envbuild.core.names import split_tag
 from envbuild.net.bounded import printable
+from envbuild.publish import cosign
 from envbuild.publish.evidence import PACKAGES, find_evidence, image_config_digest, smoke_report
 from envbuild.publish.sbom import SBOM, summary
 from envbuild.publish.signing import Subject, verify_image
@@ -158,8 +159,12 @@ def verify_reference(text: str, key: EllipticCurvePublicKey | None = None) -> Ve
         found = verify_digest(client, ref.repository, ref.reference, text)
         if key is None:
             return found
-        if found.platforms:  # each platform's image carries its own signature
-            checked = []
+        if found.platforms:  # the index is signed, and each platform's image on its own
+            index = Subject(host=ref.host, repository=ref.repository, digest=found.digest)
+            required = (cosign.TEST_RESULT, cosign.SLSA_PROVENANCE)
+            checked = [
+                f"index: {line}" for line in verify_image(client, index, key, required).checked
+            ]
             for name, image in found.platforms:
                 subject = Subject(host=ref.host, repository=ref.repository, digest=image.digest)
                 checked += [

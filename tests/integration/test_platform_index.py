@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from envbuild.cli.main import main
 from envbuild.core.errors import EnvbuildError
@@ -20,8 +21,11 @@ from envbuild.core.models import Entry, Knowledge, Selection
 from envbuild.core.platforms import AMD64, ARM64
 from envbuild.plan.matrix import knowledge_matrix, make_plan
 from envbuild.plan.matrix_file import default_matrix_path, load_matrix
+from envbuild.publish.cosign import SLSA_PROVENANCE, TEST_RESULT
+from envbuild.publish.keys import SigningKey
 from envbuild.publish.platform_index import IndexPublished
 from envbuild.publish.push import publish_platform_indexes
+from envbuild.publish.signing import SignatureError, Subject, verify_image
 from envbuild.publish.verify import entry_target
 from envbuild.registry import DOCKER_MANIFEST_LIST, OCI_INDEX, RegistryClient
 from envbuild.registry.errors import RegistryNotFound
@@ -180,3 +184,32 @@ def test_ci_jobs_reports_are_merged_under_one_tag(
     assert again.exit_code == 1, again.output
     (error,) = again.stderr.strip().splitlines()
     assert f"its linux/arm64 image ({arm64.id}) failed or was not published" in error
+
+
+def test_with_a_key_the_index_is_signed_and_attested_for_admission_policies(
+    server: RegistryServer, knowledge: Knowledge
+) -> None:
+    # Kyverno and cosign resolve a multi-platform tag to the index's digest and check there.
+    registry = f"{server.host}/signed"
+    entries = both_platforms(knowledge)
+    push_children(server, registry, entries)
+    key = SigningKey(private=ec.generate_private_key(ec.SECP256R1()), source="test")
+
+    (index,) = publish_platform_indexes(
+        registry, [(e, HASHES[e.platform]) for e in entries], on_published=lambda index: None,
+        signing_key=key,
+    )  # fmt: skip
+
+    assert index.signature.startswith("sha256:")
+    assert index.attestations.startswith("sha256:")
+    subject = Subject(host=server.host, repository="signed/jax", digest=index.digest)
+    with RegistryClient.for_host(server.host) as client:
+        verified = verify_image(client, subject, key.public, (TEST_RESULT, SLSA_PROVENANCE))
+        assert verified.predicates[TEST_RESULT]["passedTests"] == [AMD64, ARM64]
+        dependencies = verified.predicates[SLSA_PROVENANCE]["buildDefinition"][
+            "resolvedDependencies"
+        ]
+        assert [d["name"] for d in dependencies] == [f"{AMD64} image", f"{ARM64} image"]
+        other = SigningKey(private=ec.generate_private_key(ec.SECP256R1()), source="other")
+        with pytest.raises(SignatureError, match=r"no signature in .* verifies"):
+            verify_image(client, subject, other.public, (TEST_RESULT, SLSA_PROVENANCE))
