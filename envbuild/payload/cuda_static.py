@@ -354,20 +354,35 @@ FRAMEWORK_FOLDERS = {
 }  # fmt: skip
 
 
+# The host's RDMA, fabric and MPI stack, which NVIDIA's optional plugins link and which no
+# wheel ships: NVSHMEM's bootstrap plugins (MPI, PMIx, OpenSHMEM) and transports (IBGDA,
+# IBDEVX, UCX, libfabric), loaded only when NVSHMEM_BOOTSTRAP / NVSHMEM_REMOTE_TRANSPORT choose
+# them, and cuFile's RDMA layer (GPUDirect Storage over InfiniBand). Measured here: the aarch64
+# torch 2.11.0+cu130 environment holds nine such needs and trains without them. Sources: NVSHMEM's
+# environment variables (docs.nvidia.com/nvshmem/api/gen/env.html); Arch Linux's nvshmem
+# package lists openmpi, openpmix, openucx, libfabric and rdma-core as optional, per plugin.
+HOST_STACK = frozenset({
+    "libibverbs.so.1", "librdmacm.so.1", "libmlx5.so.1", "libmpi.so.40", "libpmix.so.2",
+    "liboshmem.so.40", "libfabric.so.1", "libucp.so.0", "libucs.so.0", "libuct.so.0",
+    "libucm.so.0",
+})  # fmt: skip
+
+
 def split_missing(
     missing: list[tuple[str, str]], roots: list[str], framework: str
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """The unresolved needs of the framework's own libraries and NVIDIA's wheels, which must be
-    whole, and those of other packages' optional extensions (numba's TBB layer, cupy's cuTENSOR
-    binding), which are reported but do not fail the image; paths relative to site-packages."""
-    ours = ("nvidia", *FRAMEWORK_FOLDERS.get(framework, (framework,)))
+    whole, and those of optional extensions, which are reported but do not fail the image: other
+    packages' (numba's TBB layer, cupy's cuTENSOR binding) and NVIDIA's plugins for the host's
+    RDMA and MPI stack (HOST_STACK); paths relative to site-packages."""
+    framework_folders = FRAMEWORK_FOLDERS.get(framework, (framework,))
     must: list[dict[str, str]] = []
     elsewhere: list[dict[str, str]] = []
     for path, name in missing:
         relative = os.path.relpath(path, roots[0]) if roots else path
-        (must if top_folder(path, roots) in ours else elsewhere).append(
-            {"library": relative, "needs": name}
-        )
+        folder = top_folder(path, roots)
+        required = folder in framework_folders or (folder == "nvidia" and name not in HOST_STACK)
+        (must if required else elsewhere).append({"library": relative, "needs": name})
     return must, elsewhere
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from envbuild.core import labels as label_keys
 from envbuild.core.models import CPU, Combination, Gpu, Knowledge
+from envbuild.core.platforms import AMD64
 from envbuild.core.results import SmokeCheck
 from envbuild.payload.cuda_static import Targets
 from envbuild.plan.gpus import arch_build
@@ -54,7 +55,11 @@ def check_static(
             detail=(
                 f"{closure.get('libraries')} shared objects: every library the framework's and "
                 "NVIDIA's need is in the image (the driver's own aside)"
-                + (f"; not locked, for optional extensions: {optional}" if elsewhere else "")
+                + (
+                    f"; optional extensions whose needs the image does not hold (loaded only when used): {optional}"
+                    if elsewhere
+                    else ""
+                )
                 if not missing
                 else shown_missing + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
             ),
@@ -99,6 +104,8 @@ def _check_archs(archs: dict[str, Any], labels: dict[str, str], knowledge: Knowl
         cuda=labels.get(label_keys.CUDA, ""),
         python=labels.get(label_keys.PYTHON, ""),
         os=labels.get(label_keys.OS, ""),
+        # aarch64 builds have their own lists; an image from before the label is amd64.
+        platform=labels.get(label_keys.PLATFORM) or AMD64,
     )
     row = arch_build(knowledge, combo)
     if row is None or (not row.sm and row.min_cc is None):

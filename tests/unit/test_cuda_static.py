@@ -251,3 +251,22 @@ def test_only_the_frameworks_and_nvidias_libraries_must_be_whole() -> None:
     # For JAX, torch's folder is just another package's.
     must, _ = cuda_static.split_missing(missing[:1], [root], "jax")
     assert must == []
+
+
+def test_nvidias_plugins_for_the_hosts_rdma_and_mpi_stack_are_optional() -> None:
+    # Measured in the aarch64 torch 2.11.0+cu130 image: NVSHMEM's bootstrap and transport
+    # plugins and cuFile's RDMA layer link the host's stack, which no wheel ships.
+    root = "/opt/venv/lib/python3.11/site-packages"
+    missing = [
+        (f"{root}/nvidia/nvshmem/lib/nvshmem_bootstrap_mpi.so.3", "libmpi.so.40"),
+        (f"{root}/nvidia/nvshmem/lib/nvshmem_transport_ibgda.so.3", "libmlx5.so.1"),
+        (f"{root}/nvidia/cu13/lib/libcufile_rdma.so.1", "libibverbs.so.1"),
+        (f"{root}/nvidia/nvshmem/lib/libnvshmem_host.so.3", "libcudart.so.13"),
+        (f"{root}/torch/lib/libtorch_cuda.so", "libibverbs.so.1"),  # the framework's: must
+    ]
+    must, elsewhere = cuda_static.split_missing(missing, [root], "torch")
+    assert must == [
+        {"library": "nvidia/nvshmem/lib/libnvshmem_host.so.3", "needs": "libcudart.so.13"},
+        {"library": "torch/lib/libtorch_cuda.so", "needs": "libibverbs.so.1"},
+    ]
+    assert [m["needs"] for m in elsewhere] == ["libmpi.so.40", "libmlx5.so.1", "libibverbs.so.1"]

@@ -206,5 +206,25 @@ def test_an_optional_extension_of_another_package_is_named_but_does_not_fail(
     (check,) = [c for c in check_static(report, LABELS, knowledge) if c.name == "cuda_libraries"]
     assert check.passed
     assert check.detail.endswith(
-        "; not locked, for optional extensions: numba/np/ufunc/tbbpool.so needs libtbb.so.12"
+        "; optional extensions whose needs the image does not hold (loaded only when used): numba/np/ufunc/tbbpool.so needs libtbb.so.12"
     )
+
+
+def test_an_arm64_image_is_held_to_the_aarch64_wheels_list_not_amd64s(knowledge: Knowledge) -> None:
+    # What the static payload read here, under qemu, from the aarch64 torch 2.11.0+cu130 image.
+    labels = {
+        **LABELS, "org.envbuild.framework-version": "2.11.0", "org.envbuild.cuda": "13.0",
+        "org.envbuild.cudnn": "", "org.envbuild.nccl": "", "org.envbuild.platform": "linux/arm64",
+    }  # fmt: skip
+    report = copy.deepcopy(REPORT)
+    report["versions"]["libraries"] = {
+        "cudnn": version("/opt/venv/.../nvidia/cudnn/lib/libcudnn.so.9", "9.19.0"),
+        "nccl": version("/opt/venv/.../nvidia/nccl/lib/libnccl.so.2", "2.28.9"),
+        "cuda_runtime": version("/opt/venv/.../nvidia/cu13/lib/libcudart.so.13", "13.0"),
+    }
+    report["archs"]["sass"] = [80, 90, 100, 103, 110, 120, 121]
+    report["archs"]["describe"] = "sm_80, sm_90, sm_100, sm_103, sm_110, sm_120, sm_121; no PTX"
+
+    assert failing(knowledge, report, labels) == {}
+    amd64 = {k: v for k, v in labels.items() if k != "org.envbuild.platform"}
+    assert failing(knowledge, report, amd64)["gpu_archs"].endswith("missing sm_75, sm_86")
