@@ -311,7 +311,7 @@ def _index_line(index: IndexPublished) -> None:
     """What publishing an index shows: its reference and digest, then each tag that names it."""
     platforms = ", ".join(child.platform for child in index.children)
     click.echo(f"  {'index':9} {index.reference} {index.digest} ({platforms})")
-    host_repository = index.reference.rsplit(":", 1)[0]
+    host_repository = f"{index.host}/{index.repository}"
     for tag in index.tags:
         click.echo(f"  {'moving':9} {host_repository}:{tag} {index.digest}")
     if index.signature:

@@ -36,16 +36,15 @@ def published_hashes(paths: tuple[Path, ...]) -> dict[str, str | None]:
     found: dict[str, str | None] = {}
     for path in paths:
         for entry_id, content_hash in _read(path).items():
-            if found.get(entry_id) is not None and content_hash is not None:
-                if found[entry_id] != content_hash:
-                    msg = (
-                        f"--merge {shown(str(path))}: {entry_id} was published as another "
-                        f"image ({content_hash}) than in an earlier report ({found[entry_id]}); "
-                        "merge the reports of one CI run"
-                    )
-                    raise BadInput(msg)
-                continue
-            found[entry_id] = content_hash if content_hash is not None else found.get(entry_id)
+            earlier = found.get(entry_id)
+            if earlier is not None and content_hash not in (None, earlier):
+                msg = (
+                    f"--merge {shown(str(path))}: {entry_id} was published as another "
+                    f"image ({content_hash}) than in an earlier report ({earlier}); "
+                    "merge the reports of one CI run"
+                )
+                raise BadInput(msg)
+            found[entry_id] = earlier or content_hash
     return found
 
 

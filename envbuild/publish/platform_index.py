@@ -19,7 +19,7 @@ from typing import Any
 from envbuild.core.errors import EnvbuildError
 from envbuild.core.models import Entry
 from envbuild.core.platforms import AMD64, architecture, tag_suffix
-from envbuild.publish.verify import Target, split_registry
+from envbuild.publish.verify import Target, entry_target, split_registry
 from envbuild.registry import RegistryClient
 from envbuild.registry.content import DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX
 from envbuild.registry.errors import RegistryNotFound
@@ -41,6 +41,8 @@ class Child:
 class IndexPublished:
     """An index pushed and read back, and the tags that name it."""
 
+    host: str
+    repository: str
     reference: str  # host/repository:immutable tag
     digest: str
     tags: tuple[str, ...]  # the moving tags moved to it
@@ -101,8 +103,7 @@ def publish_index(
     where = Target(
         host=host, repository=repository, tag=tag, immutable=f"{tag}-{named[:HASH_LENGTH]}"
     )
-    digest = hashlib.sha256(body).hexdigest()
-    digest = f"sha256:{digest}"
+    digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
     with client.operation():
         try:
             held = client.manifest_digest(repository, where.immutable)
@@ -121,8 +122,9 @@ def publish_index(
                 msg = f"{host}/{repository}:{reference}: the registry does not hold the index {pushed} after the push"
                 raise EnvbuildError(msg)
     return IndexPublished(
-        reference=where.reference, digest=digest, tags=moving, children=tuple(children)
-    )
+        host=host, repository=repository, reference=where.reference, digest=digest,
+        tags=moving, children=tuple(children),
+    )  # fmt: skip
 
 
 def shared_tag(entries: list[Entry]) -> tuple[str, str]:
@@ -139,8 +141,6 @@ def index_children(
 ) -> list[Child]:
     """Each member's published image (entry, content hash) as the registry holds it under its
     immutable tag; EnvbuildError naming the platform whose image is not there."""
-    from envbuild.publish.verify import entry_target
-
     children = []
     for entry, content_hash in members:
         where = entry_target(registry, entry.image, content_hash)

@@ -231,14 +231,12 @@ def publish_platform_indexes(
 
 def _sign_index(client: RegistryClient, index: IndexPublished, key: SigningKey) -> IndexPublished:
     """Sign the index and attest its verdict (over its images' own) and its provenance."""
-    host_repository = index.reference.rsplit(":", 1)[0]
-    host, repository = host_repository.split("/", 1)
     children = [(child.platform, child.digest) for child in index.children]
     predicates = {
         cosign.TEST_RESULT: attestations.index_test_result(children),
         cosign.SLSA_PROVENANCE: attestations.index_provenance(children),
     }
-    subject = Subject(host=host, repository=repository, digest=index.digest)
+    subject = Subject(host=index.host, repository=index.repository, digest=index.digest)
     signature, attested = sign_image(client, subject, key.private, predicates)
     return dataclasses.replace(index, signature=signature, attestations=attested)
 
