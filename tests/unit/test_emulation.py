@@ -21,7 +21,7 @@ import pytest
 from envbuild.build.bootstrap import write_image_archive
 from envbuild.build.entry import check_built_platform, prepare
 from envbuild.build.server import elf_machine, find_uv, uv_for
-from envbuild.core.errors import BadInput, BuildFailed
+from envbuild.core.errors import BadInput, BuildFailed, EnvbuildError
 from envbuild.core.models import BuildOptions, Entry, Knowledge, Lock, Selection
 from envbuild.core.platforms import AMD64, ARM64, platform_ref
 from envbuild.engine.interface import EngineInfo
@@ -29,6 +29,7 @@ from envbuild.host.emulation import emulation_problem, parse_entry, platform_pro
 from envbuild.plan.matrix import knowledge_matrix, make_plan
 from envbuild.plan.matrix_file import default_matrix_path, load_matrix
 from tests.support.engine_double import InMemoryEngine
+from tests.support.registry_server import free_port
 
 DEBIAN_AARCH64 = """enabled
 interpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P
@@ -263,3 +264,27 @@ def test_a_bootstrapped_root_filesystem_loads_as_its_platform(tmp_path: Path) ->
     image = double.image("corp/base:bookworm-arm64")
     assert image is not None
     assert (image.id, image.platform, image.labels) == (loaded, ARM64, labels)
+
+
+SECRET = "uv-fetch-s3cret-77"
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the case of an x86_64 host")
+def test_a_uv_that_cannot_be_fetched_is_one_line_without_the_index_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The index refuses connections: the line names the way out, never the credentials.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    index = f"http://envbuild:{SECRET}@127.0.0.1:{free_port()}/simple"
+
+    with pytest.raises(EnvbuildError) as caught:
+        uv_for(ARM64, BuildOptions(index_url=index))
+
+    message = caught.value.message
+    assert message.startswith("cannot fetch uv ")
+    assert "put its wheel (uv-" in message
+    assert "--wheelhouse" in message
+    assert SECRET not in message
+    assert "\n" not in message
+    assert not list((tmp_path / "cache").rglob("*aarch64*"))  # nothing half-made in the cache
