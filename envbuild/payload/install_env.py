@@ -7,10 +7,11 @@ the CA bundle, config.json and the wheelhouse's wheels of the lock's pins from i
 temporary folder, creates the venv (`python3 -m venv --without-pip`), runs
 
     uv pip install --python VENV/bin/python --require-hashes --no-deps --no-cache
-                   --compile-bytecode [--find-links WHEELS] -r LOCK -r SEEDS
+                   [--find-links WHEELS] -r LOCK -r SEEDS
 
 (SEEDS: the OS's own pip and setuptools wheels, those the lock does not pin, which
-`python3 -m venv` would have installed)
+`python3 -m venv` would have installed), then byte-compiles what that run installed (see
+compile_bytecode)
 
 with the CA bundle in SSL_CERT_FILE and the indexes in uv's environment variables (never on a
 command line), and removes the temporary folder whatever happens. uv's network limits are set
@@ -34,12 +35,15 @@ the step after it installs the whole lock, in which uv finds them installed alre
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import csv
 import fnmatch
 import glob
 import hashlib
 import html
 import json
 import os
+import py_compile
 import re
 import shutil
 import subprocess
@@ -76,6 +80,11 @@ HTTP_READ_TIMEOUT_S = 30  # UV_HTTP_TIMEOUT
 HTTP_RETRIES = 3  # UV_HTTP_RETRIES: a reset in the middle of a large download is retried
 UV_TAIL_LINES = 200  # the last lines of uv's output kept to explain its failure
 MAX_LINE_BYTES = 4096
+# Folders of a distribution that hold its own test suite: never imported by a training job, so
+# not byte-compiled in the build (sympy's, networkx's and numpy's are a fifth of a torch
+# image's Python); one imported anyway compiles then, as without bytecode.
+TEST_FOLDERS = frozenset({"tests", "test"})
+COMPILE_CHUNK = 64  # files per task of the compile pool
 MAX_REASON_CHARS = 240
 # A lock's requirement line: name[extras]==version.
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
@@ -156,7 +165,7 @@ def uv_command(
     caching = ["--cache-dir", cache] if cache is not None else ["--no-cache"]
     command = [
         uv, "pip", "install", "--python", os.path.join(venv, "bin", "python"),
-        "--require-hashes", "--no-deps", *caching, "--compile-bytecode", "--no-progress",
+        "--require-hashes", "--no-deps", *caching, "--no-progress",
     ]  # fmt: skip
     if config.find_links:
         command += ["--find-links", wheels]
@@ -401,6 +410,62 @@ def installed(venv: str) -> set[tuple[str, str]]:
     return found
 
 
+def dist_infos(venv: str) -> set[str]:
+    """The paths of the .dist-info folders in `venv`'s site-packages."""
+    return set(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "*.dist-info")))
+
+
+def recorded_sources(dist_info: str) -> list[str]:
+    """The .py files a distribution's RECORD lists inside its site-packages, but none in its
+    test folders (TEST_FOLDERS)."""
+    site = os.path.dirname(dist_info)
+    try:
+        with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", errors="replace") as handle:
+            paths = [row[0] for row in csv.reader(handle) if row]
+    except (OSError, csv.Error):
+        return []
+    found = []
+    for path in paths:
+        parts = os.path.normpath(path).split(os.sep)
+        if not parts[-1].endswith(".py") or parts[0] in ("..", "") or TEST_FOLDERS & set(parts):
+            continue
+        found.append(os.path.join(site, *parts))
+    return found
+
+
+def _compile(paths: list[str]) -> int:
+    """Byte-compile `paths` (in a worker process): how many did not compile."""
+    failed = 0
+    for path in paths:
+        try:
+            py_compile.compile(path, doraise=True)
+        except (py_compile.PyCompileError, OSError, ValueError):
+            failed += 1
+    return failed
+
+
+def compile_bytecode(venv: str, before: set[str]) -> tuple[int, int]:
+    """Byte-compile the sources of the distributions installed in `venv` since `before` (its
+    dist_infos then), on every core: (files compiled, files that did not compile). Only what
+    this step installed: uv's --compile-bytecode walks the whole venv again in every step, and
+    a folder of tests nothing imports is left out (TEST_FOLDERS). A file that does not compile
+    (a package's deliberately broken fixture, Python 2 leftovers) is counted, not fatal, as
+    with pip and uv. Each .pyc is the one Python would write on import (timestamp-based)."""
+    sources = [
+        path for info in sorted(dist_infos(venv) - before) for path in recorded_sources(info)
+    ]
+    if not sources:
+        return 0, 0
+    chunks = [sources[i : i + COMPILE_CHUNK] for i in range(0, len(sources), COMPILE_CHUNK)]
+    workers = min(os.cpu_count() or 1, len(chunks))
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+            failed = sum(pool.map(_compile, chunks))
+    except (OSError, NotImplementedError):  # no semaphores (no /dev/shm): one process
+        failed = sum(map(_compile, chunks))
+    return len(sources) - failed, failed
+
+
 def make_venv(venv: str, lock: str | None, scratch: str) -> str | None:
     """The venv, made without pip unless it is there; and for a `lock`, the requirements file
     (in `scratch`) that seeds it as `python3 -m venv` would: the seed wheels the lock does not
@@ -557,6 +622,7 @@ def install(
         # The cache is another file system than the venv's: copy, and say nothing about it.
         environment["UV_LINK_MODE"] = "copy"
     seeds = make_venv(venv, lock if only is None else None, scratch)
+    before = dist_infos(venv)
     clock.done("venv")
     command = uv_command(inputs.uv, config, inputs.wheels, venv, wanted, seeds, inputs.cache)
     code, tail = run_uv(command, environment)
@@ -568,6 +634,17 @@ def install(
         )
         raise InstallError(msg)
     clock.done("install")
+    compiled, failed = compile_bytecode(venv, before)
+    clock.done("bytecode")
+    print(
+        f"envbuild install: {compiled} files byte-compiled"
+        + (
+            f", {failed} did not compile (they compile on import, if ever imported)"
+            if failed
+            else ""
+        ),
+        file=sys.stderr,
+    )
     # uv's own lock file of the environment (empty, world-writable): nothing the image needs.
     uv_lock = os.path.join(venv, ".lock")
     if os.path.isfile(uv_lock) and os.path.getsize(uv_lock) == 0:

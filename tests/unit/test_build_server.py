@@ -7,6 +7,7 @@ on the one address it was given, and be gone when its block ends, however it end
 from __future__ import annotations
 
 import base64
+import csv
 import dataclasses
 import hashlib
 import http.client
@@ -621,6 +622,53 @@ def test_the_installer_puts_the_cuda_libraries_in_a_step_of_their_own_with_real_
     assert nothing.stderr.strip().splitlines()[-1] == (
         f"envbuild install: {lock} pins no package named nothing-*; nothing to install in this step"
     )
+
+
+def fake_distribution(site: Path, name: str, files: dict[str, str], record: list[str]) -> Path:
+    """A distribution as an installer leaves it in `site`: its files and a RECORD of `record`."""
+    for path, text in files.items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    with (info / "RECORD").open("w", newline="") as handle:
+        csv.writer(handle).writerows([path, "sha256=x", "1"] for path in record)
+    return info
+
+
+def test_bytecode_is_compiled_for_what_the_step_installed_but_not_its_tests(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    fake_distribution(site, "older", {"older/__init__.py": "A = 1\n"}, ["older/__init__.py"])
+    before = install_env.dist_infos(str(venv))
+    files = {
+        "pkg/__init__.py": "A = 1\n",
+        "pkg/sub/mod.py": "B = 2\n",
+        "pkg/quoted,name.py": "C = 3\n",
+        "pkg/broken.py": "def (:\n",
+        "pkg/tests/test_it.py": "T = 1\n",
+        "pkg/sub/test/conftest.py": "T = 2\n",
+        "pkg/data.txt": "not python\n",
+    }
+    outside = tmp_path / "bin" / "tool.py"  # RECORD's ../../bin/tool.py: not the package's
+    outside.parent.mkdir()
+    outside.write_text("X = 1\n")
+    record = [*files, "../../../../bin/tool.py", "pkg/missing.py"]
+    fake_distribution(site, "pkg", files, record)
+    compiled, failed = install_env.compile_bytecode(str(venv), before)
+    pycs = {p.relative_to(site).as_posix() for p in site.rglob("*.pyc")}
+    assert pycs == {
+        f"pkg/__pycache__/__init__.{sys.implementation.cache_tag}.pyc",
+        f"pkg/sub/__pycache__/mod.{sys.implementation.cache_tag}.pyc",
+        f"pkg/__pycache__/quoted,name.{sys.implementation.cache_tag}.pyc",
+    }
+    # the broken file and the one RECORD names but nobody installed count as not compiled
+    assert (compiled, failed) == (3, 2)
+    assert not list(outside.parent.rglob("*.pyc"))
+    assert install_env.compile_bytecode(str(venv), install_env.dist_infos(str(venv))) == (0, 0)
 
 
 def lock_block(name: str, version: str, *, hashes: int, via: str, extras: str = "") -> str:
