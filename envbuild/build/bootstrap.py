@@ -97,6 +97,12 @@ def bootstrap_base(
             )
         for deb in (root / "var" / "cache" / "apt" / "archives").glob("*.deb"):
             deb.unlink()  # apt-get clean's part: the image keeps no downloaded packages
+        # Nor apt's package lists (as Debian's own images): a build's `apt-get update` brings
+        # its own and removes them, and removing files of the base leaves whiteouts in the
+        # layer, which hold the time they were made (templates/partials/python.j2).
+        for listed in (root / "var" / "lib" / "apt" / "lists").glob("*"):
+            if listed.is_file() and not listed.is_symlink() and listed.name != "lock":
+                listed.unlink()
         layer = Path(tmp) / "layer.tar"
         with layer.open("wb") as out:
             _run_stage(["tar", "--numeric-owner", "-C", str(root), "-c", "."], "tar", stdout=out)

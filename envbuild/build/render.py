@@ -70,6 +70,11 @@ INPUTS_DIR = "envbuild-inputs"
 # BuildKit's cache of them does not change with the team's packages.
 FRAMEWORK_INPUTS_DIR = "envbuild-framework-inputs"
 UV_CACHE = "envbuild-uv"
+# The modification time of every file the install steps change and of every file in the context
+# (COPY keeps a file's time): 1980-01-01, the earliest a wheel's zip can hold. A layer's digest
+# hashes a tar that holds each file's time; fixed times make the framework's layers the same
+# bytes wherever and whenever the same lock is built on the same layers.
+EPOCH = 315532800
 # What may reach the Dockerfile inside quotes or after FROM/LABEL: no quote, backslash,
 # variable, newline or other control character.
 _TEMPLATE_SAFE = re.compile(r"[A-Za-z0-9 _.,:;/@=+()\[\]<>!~*-]*")
@@ -247,6 +252,7 @@ def render_entry(
         "cuda_libraries": CUDA_LIBRARIES if _pins_matching(lock, CUDA_LIBRARIES) else None,
         "buildkit": _buildkit_values() if options.builder == BUILDKIT else None,
         "framework_lock": FRAMEWORK_LOCK_NAME if framework else None,
+        "epoch": EPOCH,
     }
     environment = _environment()
     dockerfile = environment.get_template("Dockerfile.j2").render(values)
@@ -388,19 +394,23 @@ def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
 
     try:
         top = folder(parts)
-        with os.fdopen(_new_file(top, "Dockerfile"), "w", encoding="utf-8") as handle:
-            handle.write(context.dockerfile)
+        texts = {"Dockerfile": context.dockerfile}
         if context.lock is not None:
-            with os.fdopen(_new_file(top, LOCK_NAME), "w", encoding="utf-8") as handle:
-                handle.write(context.lock.text)
+            texts[LOCK_NAME] = context.lock.text
         if context.framework_lock:
-            with os.fdopen(_new_file(top, FRAMEWORK_LOCK_NAME), "w", encoding="utf-8") as handle:
-                handle.write(context.framework_lock)
+            texts[FRAMEWORK_LOCK_NAME] = context.framework_lock
+        for filename, text in texts.items():
+            with os.fdopen(_new_file(top, filename), "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.utime(handle.fileno(), (EPOCH, EPOCH))
         for target, source in context.files:
             *folders, filename = _parts(target)
             parent = folder((*parts, *folders))
             with source.open("rb") as src, os.fdopen(_new_file(parent, filename), "wb") as dst:
                 shutil.copyfileobj(src, dst, 1024 * 1024)
+                dst.flush()
+                os.utime(dst.fileno(), (EPOCH, EPOCH))
     finally:
         for fd in opened.values():
             os.close(fd)

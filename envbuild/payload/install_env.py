@@ -30,10 +30,16 @@ what changed; it holds packages, never the index settings, which travel in uv's 
 `--only 'nvidia-*'` installs the lock's packages of that name (fnmatch) into the venv, made if
 missing: a step of its own, so that they get a layer of their own (templates/partials/install.j2);
 the step after it installs the whole lock, in which uv finds them installed already.
+
+`--epoch SECONDS` makes the step's layer the same bytes whenever it is built from the same lock on
+the same layers: every file and folder the step changed (since the RUN's first process started)
+gets that modification time, before the bytecode is compiled (so each .pyc records it) and again
+at the end (see clamp_times). A layer's digest is the hash of a tar that holds each file's time.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import concurrent.futures
 import csv
@@ -85,6 +91,11 @@ MAX_LINE_BYTES = 4096
 # image's Python); one imported anyway compiles then, as without bytecode.
 TEST_FOLDERS = frozenset({"tests", "test"})
 COMPILE_CHUNK = 64  # files per task of the compile pool
+# What clamp_times never walks into or touches: the kernel's own file systems, and what the
+# engine makes for each container (mount points besides, read from /proc/self/mountinfo:
+# BuildKit's secret, bind and cache mounts, /etc/hosts). Touched, a file of the container's own
+# would be copied into the step's layer, or not, by when the container was made.
+CONTAINER_PATHS = ("/proc", "/sys", "/dev", "/.dockerenv", "/etc/mtab", "/run/.containerenv")
 MAX_REASON_CHARS = 240
 # A lock's requirement line: name[extras]==version.
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
@@ -436,9 +447,12 @@ def recorded_sources(dist_info: str) -> list[str]:
 def _compile(paths: list[str]) -> int:
     """Byte-compile `paths` (in a worker process): how many did not compile."""
     failed = 0
+    # Timestamp-based whatever the environment says (SOURCE_DATE_EPOCH would make it a checked
+    # hash, which hashes every source at every import); clamped times keep the .pyc the same.
+    timestamp = py_compile.PycInvalidationMode.TIMESTAMP
     for path in paths:
         try:
-            py_compile.compile(path, doraise=True)
+            py_compile.compile(path, doraise=True, invalidation_mode=timestamp)
         except (py_compile.PyCompileError, OSError, ValueError):
             failed += 1
     return failed
@@ -466,6 +480,124 @@ def compile_bytecode(venv: str, before: set[str]) -> tuple[int, int]:
     return len(sources) - failed, failed
 
 
+def step_started() -> int:
+    """When this RUN's first process (PID 1 of the build's container) started, in nanoseconds
+    since the epoch: every file with a later modification time was changed by this step."""
+    with open("/proc/1/stat", encoding="ascii") as handle:
+        # The command may hold spaces and parentheses: the fields after its last ')'.
+        fields = handle.read().rpartition(")")[2].split()
+    ticks = int(fields[19])  # starttime, field 22: clock ticks after boot
+    # When the machine booted, to the nanosecond (/proc/stat's btime is whole seconds, which
+    # would take in what the engine made for the container just before it started).
+    boot = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    return boot + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def mount_points() -> set[str]:
+    """The mount points this process sees, but the root."""
+    found = set()
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) > 4:
+                    found.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    except OSError:
+        pass
+    found.discard("/")
+    return found
+
+
+def clamp_times(
+    root: str, since_ns: int, epoch: int, skip: set[str] | frozenset[str] = frozenset()
+) -> int:
+    """Give every file, link and folder under `root` modified at or after `since_ns` (but not
+    after now) the modification time `epoch`, without following links or entering `skip`:
+    how many. A file an earlier layer holds keeps its time unless this step changed it, so the
+    step's layer neither grows nor holds the time it was built at."""
+    epoch_ns = epoch * 1_000_000_000
+    now_ns = time.time_ns() + 1_000_000_000
+    clamped = 0
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.path in skip:
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                if since_ns <= info.st_mtime_ns <= now_ns:
+                    os.utime(entry.path, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
+                    clamped += 1
+            except OSError:
+                continue
+    try:  # the root itself, last: clamping what it holds changes no folder's time
+        info = os.stat(root, follow_symlinks=False)
+        if since_ns <= info.st_mtime_ns <= now_ns:
+            os.utime(root, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
+            clamped += 1
+    except OSError:
+        pass
+    return clamped
+
+
+UV_CACHE_INFO = "uv_cache.json"
+
+
+def stamp_uv_cache_info(venv: str, before: set[str], epoch: int) -> int:
+    """Give the uv_cache.json of each distribution installed since `before` (its dist_infos
+    then) the time `epoch`, and its RECORD the new file's hash: how many. uv writes the time of
+    the local wheel it installed from there (a wheelhouse's, the OS's pip), which is the time it
+    was fetched or copied; the file serves uv's own cache, which an image never reaches."""
+    stamped = 0
+    for info in sorted(dist_infos(venv) - before):
+        path = os.path.join(info, UV_CACHE_INFO)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                cached = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(cached, dict) or not isinstance(cached.get("timestamp"), dict):
+            continue
+        cached["timestamp"] = {"secs_since_epoch": epoch, "nanos_since_epoch": 0}
+        data = json.dumps(cached, separators=(",", ":")).encode()
+        with open(path, "wb") as handle:
+            handle.write(data)
+        _rerecord(info, f"{os.path.basename(info)}/{UV_CACHE_INFO}", data)
+        stamped += 1
+    return stamped
+
+
+def _rerecord(info: str, name: str, data: bytes) -> None:
+    """The row of `name` in the RECORD of `info` with the hash and size of `data`."""
+    record = os.path.join(info, "RECORD")
+    try:
+        with open(record, encoding="utf-8", newline="") as handle:
+            rows = list(csv.reader(handle))
+    except (OSError, csv.Error):
+        return
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    rows = [
+        [name, f"sha256={digest}", str(len(data))] if row[:1] == [name] else row for row in rows
+    ]
+    with open(record, "w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle, lineterminator="\n").writerows(rows)
+
+
+def clamp_step(epoch: int | None, since_ns: int) -> int:
+    """clamp_times over the whole file system of the build's container, for `--epoch`."""
+    if epoch is None:
+        return 0
+    skip = mount_points() | set(CONTAINER_PATHS)
+    return clamp_times("/", since_ns, epoch, skip)
+
+
 def make_venv(venv: str, lock: str | None, scratch: str) -> str | None:
     """The venv, made without pip unless it is there; and for a `lock`, the requirements file
     (in `scratch`) that seeds it as `python3 -m venv` would: the seed wheels the lock does not
@@ -480,7 +612,9 @@ def make_venv(venv: str, lock: str | None, scratch: str) -> str | None:
         subprocess.run([sys.executable, "-m", "venv", *without_pip, venv], check=True)
     if not wheels or lock is None:
         return None
-    pinned = set(lock_names(lock))
+    # Nor those an earlier step installed: a seed is a local file, which uv installs again
+    # when its time differs from the one the installed copy recorded (see stamp_uv_cache_info).
+    pinned = set(lock_names(lock)) | {name for name, _ in installed(venv)}
     lines = []
     for wheel in wheels:
         name = canonical(os.path.basename(wheel).split("-", 1)[0])
@@ -605,11 +739,20 @@ def mounted_inputs(root: str) -> Inputs:
 
 
 def install(
-    source: str, venv: str, lock: str, scratch: str, only: str | None, *, mounted: bool = False
+    source: str,
+    venv: str,
+    lock: str,
+    scratch: str,
+    only: str | None,
+    *,
+    mounted: bool = False,
+    epoch: int | None = None,
+    since_ns: int = 0,
 ) -> Phases:
     """Gather the inputs (fetched from the server at `source` into `scratch`, or mounted under
     `source`), create the venv unless it is there, install the lock (`only`: the lock's
-    packages whose names match that pattern); `scratch` is the caller's to remove."""
+    packages whose names match that pattern); `scratch` is the caller's to remove. With an
+    `epoch`, what the step changed since `since_ns` gets that time before it is compiled."""
     clock = Phases()
     wanted = lock if only is None else lock_part(lock, only, scratch)
     inputs = mounted_inputs(source) if mounted else served_inputs(source, wanted, scratch, venv)
@@ -634,6 +777,9 @@ def install(
         )
         raise InstallError(msg)
     clock.done("install")
+    if epoch is not None:
+        stamp_uv_cache_info(venv, before, epoch)
+    clamp_step(epoch, since_ns)
     compiled, failed = compile_bytecode(venv, before)
     clock.done("bytecode")
     print(
@@ -653,17 +799,19 @@ def install(
 
 
 USAGE = (
-    "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] VENV LOCK\n"
-    "       install_env.py --mounted ROOT [--only PATTERN] VENV LOCK"
+    "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] [--epoch SECONDS] VENV LOCK\n"
+    "       install_env.py --mounted ROOT [--only PATTERN] [--epoch SECONDS] VENV LOCK"
 )
+OPTIONS = ("--only", "--mounted", "--epoch")
 
 
 def main(argv: list[str]) -> int:
     """Install, then remove every fetched file, the config and the temporary folder."""
     options: dict[str, str] = {}
-    while len(argv) >= 2 and argv[0] in ("--only", "--mounted") and argv[0] not in options:
+    while len(argv) >= 2 and argv[0] in OPTIONS and argv[0] not in options:
         options[argv[0]], argv = argv[1], argv[2:]
-    if len(argv) != 2:
+    epoch = options.get("--epoch")
+    if len(argv) != 2 or not (epoch is None or epoch.isdigit()):
         print(USAGE, file=sys.stderr)
         return 2
     mounted = "--mounted" in options
@@ -675,15 +823,22 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    since_ns = step_started() if epoch is not None else 0
+    at = None if epoch is None else int(epoch)
     scratch = tempfile.mkdtemp(prefix="envbuild-install-")
     try:
-        clock = install(source, argv[0], argv[1], scratch, options.get("--only"), mounted=mounted)
+        clock = install(
+            source, argv[0], argv[1], scratch, options.get("--only"),
+            mounted=mounted, epoch=at, since_ns=since_ns,
+        )  # fmt: skip
     except (InstallError, subprocess.CalledProcessError) as exc:
         print(f"envbuild install: {exc}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     clock.done("clean-up")
+    if at is not None:  # the .pyc files, and the folders the clean-up changed
+        clock.done(f"times of {clamp_step(at, since_ns)} paths")
     print(f"envbuild install: {clock}", file=sys.stderr)
     return 0
 

@@ -101,7 +101,9 @@ def test_no_helper_file_or_credential_reaches_the_image(
         [
             "sh",
             "-c",
-            "test -e /tmp/envbuild && echo HELPERS-PRESENT; test -e /root/.cache/pip && echo PIP-CACHE; "
+            "for helper in /install_env.py /framework.lock /envbuild.lock /tmp/envbuild; do "
+            "test -e $helper && echo HELPER-PRESENT $helper; done; "
+            "test -e /root/.cache/pip && echo PIP-CACHE; "
             "find / -xdev \\( -name ca.crt -o -name 'torch-*.whl' \\) -print",
         ],
         network_mode="none",

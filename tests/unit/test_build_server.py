@@ -671,6 +671,100 @@ def test_bytecode_is_compiled_for_what_the_step_installed_but_not_its_tests(
     assert install_env.compile_bytecode(str(venv), install_env.dist_infos(str(venv))) == (0, 0)
 
 
+def test_a_steps_times_are_clamped_to_the_epoch_and_nothing_older_or_skipped_is_touched(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    (root / "old" / "kept").mkdir(parents=True)
+    (root / "mounted").mkdir()
+    old = time.time_ns() - 3600 * 10**9
+    for path in (root / "old" / "kept" / "file", root / "mounted" / "secret", tmp_path / "out"):
+        path.write_text("x")
+    for path in (root / "old" / "kept" / "file", root / "old" / "kept", root / "old",
+                 root / "mounted" / "secret", tmp_path / "out"):  # fmt: skip
+        os.utime(path, ns=(old, old))
+    since = time.time_ns() - 10**9
+    (root / "old" / "new.py").write_text("A = 1\n")  # changes old/ itself too
+    (root / "link").symlink_to(tmp_path / "out")  # a link to a file outside: not followed
+    (root / "mounted" / "fresh").write_text("y")
+    future = time.time_ns() + 3600 * 10**9  # not this step's: no clock makes it so
+    (root / "future").write_text("z")
+    os.utime(root / "future", ns=(future, future))
+    epoch = 315532800
+    clamped = install_env.clamp_times(str(root), since, epoch, {str(root / "mounted")})
+    times = {
+        path.relative_to(root).as_posix(): path.lstat().st_mtime_ns
+        for path in (root, *root.rglob("*"))
+    }
+    at = epoch * 10**9
+    assert times["old/new.py"] == times["old"] == times["link"] == times["."] == at
+    assert times["old/kept"] == times["old/kept/file"] == old
+    assert times["mounted/fresh"] != at
+    assert times["mounted/secret"] == old
+    assert times["future"] == future
+    assert (tmp_path / "out").stat().st_mtime_ns == old
+    assert clamped == 4
+    # Compiled after the clamp, a .pyc records the epoch: the same bytes on every build.
+    before = install_env.dist_infos(str(root))
+    compiled = root / "old" / "__pycache__" / f"new.{sys.implementation.cache_tag}.pyc"
+    install_env._compile([str(root / "old" / "new.py")])
+    first = compiled.read_bytes()
+    assert struct.unpack("<I", first[8:12])[0] == epoch
+    compiled.unlink()
+    os.environ["SOURCE_DATE_EPOCH"] = "1"  # a checked-hash .pyc only if asked for: never here
+    try:
+        install_env._compile([str(root / "old" / "new.py")])
+    finally:
+        del os.environ["SOURCE_DATE_EPOCH"]
+    assert compiled.read_bytes() == first
+    assert install_env.dist_infos(str(root)) == before
+
+
+def test_uvs_record_of_a_local_wheels_time_is_the_epoch_and_its_record_says_so(
+    tmp_path: Path,
+) -> None:
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    before = install_env.dist_infos(str(venv))
+    info = fake_distribution(site, "torch", {"torch/__init__.py": "A = 1\n"}, ["torch/__init__.py"])
+    stamp = (
+        '{"timestamp":{"secs_since_epoch":1796283921,"nanos_since_epoch":593707472},"commit":null}'
+    )
+    (info / "uv_cache.json").write_text(stamp)
+    with (info / "RECORD").open("a", newline="") as handle:
+        csv.writer(handle, lineterminator="\n").writerow(
+            ["torch-1.0.dist-info/uv_cache.json", "sha256=old", str(len(stamp))]
+        )
+    assert install_env.stamp_uv_cache_info(str(venv), before, 315532800) == 1
+    data = (info / "uv_cache.json").read_bytes()
+    assert (
+        data == b'{"timestamp":{"secs_since_epoch":315532800,"nanos_since_epoch":0},"commit":null}'
+    )
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    rows = list(csv.reader((info / "RECORD").open(newline="")))
+    assert rows[-1] == ["torch-1.0.dist-info/uv_cache.json", f"sha256={digest}", str(len(data))]
+    assert rows[0][0] == "torch/__init__.py"
+    # What an earlier step installed is not this step's to stamp.
+    assert install_env.stamp_uv_cache_info(str(venv), install_env.dist_infos(str(venv)), 1) == 0
+
+
+def test_a_step_starts_when_its_containers_first_process_did(tmp_path: Path) -> None:
+    started = install_env.step_started()
+    boot = next(
+        int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )  # fmt: skip
+    assert (boot - 1) * 10**9 <= started <= time.time_ns()
+    assert "/proc" in install_env.mount_points()
+    assert "/" not in install_env.mount_points()
+
+
+@pytest.mark.parametrize("epoch", ["", "-1", "1e9", "x"])
+def test_an_epoch_that_is_not_whole_seconds_is_refused(epoch: str) -> None:
+    assert install_env.main(["--epoch", epoch, "/opt/venv", "/tmp/envbuild.lock"]) == 2
+
+
 def lock_block(name: str, version: str, *, hashes: int, via: str, extras: str = "") -> str:
     """One pin of a `uv pip compile --generate-hashes` lock: its hash lines, a `# via` note."""
     lines = [f"{name}{extras}=={version}"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.build.render import (
+    EPOCH,
     FRAMEWORK_INPUTS_DIR,
     INPUTS_DIR,
     check_options,
@@ -163,10 +164,10 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     }  # fmt: skip
     lines = context.dockerfile.splitlines()
     steps = [line for line in lines if line.startswith(("RUN", "COPY"))]
-    installs = [line for line in lines if "/tmp/envbuild/install_env.py" in line]
+    installs = [line for line in lines if "python3 /install_env.py" in line]
     assert len(installs) == 3  # the CUDA libraries, the rest of the framework, the team's
-    assert "COPY install_env.py framework.lock /tmp/envbuild/" in steps
-    assert "COPY envbuild.lock /tmp/envbuild/" in steps
+    assert "COPY install_env.py framework.lock /" in steps
+    assert "COPY envbuild.lock /" in steps
     # A link planted where framework.lock goes is replaced, never followed.
     sentinel = tmp_path / "sentinel"
     sentinel.write_text("untouched\n")
@@ -176,6 +177,13 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     assert (folder / "framework.lock").read_text() == context.framework_lock
     assert not (folder / "framework.lock").is_symlink()
     assert sentinel.read_text() == "untouched\n"
+    # COPY keeps a file's time: the context's are fixed, so the COPY layer is the same bytes on
+    # every build of this lock; every install step clamps what it changed to the same time, and
+    # the image's user is dated by it, not by the day of the build.
+    for name in ("Dockerfile", "framework.lock", "envbuild.lock", "install_env.py"):
+        assert (folder / name).stat().st_mtime == EPOCH, name
+    assert all(f"install_env.py --epoch {EPOCH} " in line for line in installs)
+    assert f"SOURCE_DATE_EPOCH={EPOCH} useradd " in context.dockerfile
     # Without annotations (a lock written by hand) the lock is one install, as before.
     plain = render_entry(entry(knowledge, "2.4.1", "12.1"), BuildOptions(), None, CUDA_LOCK)
     assert plain.framework_lock == ""
@@ -263,11 +271,11 @@ def test_one_stage_installs_the_lock_and_keeps_it(knowledge: Knowledge, tmp_path
         "ARG ENVBUILD_SERVE"
     ]
     steps = instructions(dockerfile)
-    assert "COPY install_env.py envbuild.lock /tmp/envbuild/" in steps
+    assert "COPY install_env.py envbuild.lock /" in steps
     (run,) = [step for step in steps if "install_env.py" in step and step.startswith("RUN")]
     assert run.endswith(
-        " && python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock"
-        " && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock && rm -rf /tmp/envbuild"
+        f" && python3 /install_env.py --epoch {EPOCH} /opt/venv /envbuild.lock"
+        " && mv /envbuild.lock /opt/venv/envbuild.lock && rm -f /install_env.py"
     )
     assert f'org.envbuild.lock-digest="{LOCK.digest}"' in dockerfile
     assert {"python3", "python3-venv"} <= apt_packages(dockerfile)
@@ -306,12 +314,12 @@ def test_the_image_stage_is_the_fewest_steps_with_the_cuda_libraries_a_layer_of_
         "LABEL",
     ]
     installs = [step for step in image if step.startswith("RUN")]
-    tail = " && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock && rm -rf /tmp/envbuild"
-    whole = "python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock"
+    tail = " && mv /envbuild.lock /opt/venv/envbuild.lock && rm -f /install_env.py"
+    whole = f"python3 /install_env.py --epoch {EPOCH} /opt/venv /envbuild.lock"
     assert installs[-1].endswith(whole + tail)
     if nvidia:
         assert installs[0].endswith(
-            "python3 /tmp/envbuild/install_env.py --only 'nvidia-*' /opt/venv /tmp/envbuild/envbuild.lock"
+            f"python3 /install_env.py --epoch {EPOCH} --only 'nvidia-*' /opt/venv /envbuild.lock"
         )
     assert ("useradd" in installs[0]) is not root
     if not root:
@@ -567,7 +575,7 @@ def test_images_end_as_a_numeric_non_root_user_with_a_writable_home(
     assert users == ["USER 1000:1000"]
     after = steps[steps.index(users[0]) + 1 :]
     assert [step.split()[0] for step in after] == ["LABEL"]  # nothing runs as the user at build
-    install = next(i for i, step in enumerate(steps) if "install_env.py /opt/venv" in step)
+    install = next(i for i, step in enumerate(steps) if "/install_env.py --epoch" in step)
     assert install < steps.index(
         users[0]
     )  # root installs the environment: the user cannot change it

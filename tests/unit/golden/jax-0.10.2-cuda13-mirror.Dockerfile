@@ -6,7 +6,7 @@ FROM python:3.11-slim-bookworm AS runtime
 FROM runtime
 # JAX 0.10.2 with the CUDA 13 plugin: the cuda13 extra pulls the
 # newest nvidia-* CUDA 13.x wheels it allows. LD_LIBRARY_PATH stays unset so they are used.
-COPY install_env.py envbuild.lock /tmp/envbuild/
+COPY install_env.py envbuild.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
@@ -18,12 +18,12 @@ RUN if ! command -v useradd >/dev/null 2>&1; then \
     fi \
  && { getent group 1000 >/dev/null || groupadd --gid 1000 envbuild; } \
  && { getent passwd 1000 >/dev/null \
-      || useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
+      || SOURCE_DATE_EPOCH=315532800 useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
  && chown -R 1000:1000 /home/envbuild \
- && python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock \
- && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
- && rm -rf /tmp/envbuild
+ && python3 /install_env.py --epoch 315532800 /opt/venv /envbuild.lock \
+ && mv /envbuild.lock /opt/venv/envbuild.lock \
+ && rm -f /install_env.py
 # CUDA 13, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
 # the image holds no system CUDA. NVIDIA_* tell the NVIDIA container runtime what to expose.
 ENV PATH="/opt/venv/bin:$PATH" \

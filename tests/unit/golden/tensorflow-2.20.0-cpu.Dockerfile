@@ -5,7 +5,7 @@ FROM python:3.11-slim-bookworm AS runtime
 
 FROM runtime
 # TensorFlow 2.20.0 for the CPU: the tensorflow-cpu wheel, without CUDA kernels.
-COPY install_env.py envbuild.lock /tmp/envbuild/
+COPY install_env.py envbuild.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
@@ -17,12 +17,12 @@ RUN if ! command -v useradd >/dev/null 2>&1; then \
     fi \
  && { getent group 1000 >/dev/null || groupadd --gid 1000 envbuild; } \
  && { getent passwd 1000 >/dev/null \
-      || useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
+      || SOURCE_DATE_EPOCH=315532800 useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
  && chown -R 1000:1000 /home/envbuild \
- && python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock \
- && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
- && rm -rf /tmp/envbuild
+ && python3 /install_env.py --epoch 315532800 /opt/venv /envbuild.lock \
+ && mv /envbuild.lock /opt/venv/envbuild.lock \
+ && rm -f /install_env.py
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv" \
     HOME="/home/envbuild" \

@@ -5,7 +5,7 @@ FROM python:3.11-slim-bookworm AS runtime
 # torch.compile builds its kernels at run time with g++ (and gcc) against Python.h: what the base
 # lacks of them comes from apt (the headers only for the OS's own python3: libpython3-dev).
 # hadolint ignore=DL3008,SC2086
-RUN missing=""; \
+RUN start=$(date +%s.%N); missing=""; \
     command -v g++ >/dev/null 2>&1 || missing=" g++"; \
     python3 -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
       || missing="$missing libpython3-dev"; \
@@ -18,19 +18,22 @@ RUN missing=""; \
     fi; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -oDpkg::Options::=--force-unsafe-io $missing \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/*_* \
+ && for log in /var/cache/ldconfig/aux-cache /var/log/dpkg.log /var/log/alternatives.log /var/log/apt/history.log /var/log/apt/term.log /var/log/apt/eipp.log.xz; do if [ -f "$log" ]; then : > "$log"; fi; done \
+ && { find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /.dockerenv -o -path /etc/mtab -o -path /run/.containerenv -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \) -prune \
+      -o -newermt "@$start" -exec touch -h -d "@315532800" {} + 2>/dev/null || true; }
 
 FROM runtime
 # The CPU build lives on PyTorch's own index.
-COPY install_env.py envbuild.lock /tmp/envbuild/
+COPY install_env.py envbuild.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
 # wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
 ARG ENVBUILD_SERVE
-RUN python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock \
- && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
- && rm -rf /tmp/envbuild
+RUN python3 /install_env.py --epoch 315532800 /opt/venv /envbuild.lock \
+ && mv /envbuild.lock /opt/venv/envbuild.lock \
+ && rm -f /install_env.py
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv"
 # The matrix chose `user: root` for this entry.

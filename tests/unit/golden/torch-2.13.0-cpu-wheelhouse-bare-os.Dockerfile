@@ -4,14 +4,18 @@ FROM envbuild/base:bookworm AS runtime
 # The base image has no python3: take the OS's own (bookworm provides Python 3.11).
 # torch.compile builds its kernels at run time: g++ (with gcc) and Python's headers.
 # hadolint ignore=DL3008
-RUN apt-get update \
+RUN start=$(date +%s.%N) \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -oDpkg::Options::=--force-unsafe-io python3 python3-venv g++ libpython3-dev \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/*_* \
+ && for log in /var/cache/ldconfig/aux-cache /var/log/dpkg.log /var/log/alternatives.log /var/log/apt/history.log /var/log/apt/term.log /var/log/apt/eipp.log.xz; do if [ -f "$log" ]; then : > "$log"; fi; done \
+ && { find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /.dockerenv -o -path /etc/mtab -o -path /run/.containerenv -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \) -prune \
+      -o -newermt "@$start" -exec touch -h -d "@315532800" {} + 2>/dev/null || true; }
 
 FROM runtime
 # The CPU wheel comes from the wheelhouse.
-COPY install_env.py envbuild.lock /tmp/envbuild/
+COPY install_env.py envbuild.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
@@ -23,12 +27,12 @@ RUN if ! command -v useradd >/dev/null 2>&1; then \
     fi \
  && { getent group 1000 >/dev/null || groupadd --gid 1000 envbuild; } \
  && { getent passwd 1000 >/dev/null \
-      || useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
+      || SOURCE_DATE_EPOCH=315532800 useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
  && chown -R 1000:1000 /home/envbuild \
- && python3 /tmp/envbuild/install_env.py /opt/venv /tmp/envbuild/envbuild.lock \
- && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
- && rm -rf /tmp/envbuild
+ && python3 /install_env.py --epoch 315532800 /opt/venv /envbuild.lock \
+ && mv /envbuild.lock /opt/venv/envbuild.lock \
+ && rm -f /install_env.py
 ENV PATH="/opt/venv/bin:$PATH" \
     VIRTUAL_ENV="/opt/venv" \
     HOME="/home/envbuild" \

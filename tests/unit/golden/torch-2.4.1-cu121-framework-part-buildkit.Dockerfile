@@ -5,7 +5,7 @@ FROM python:3.11-slim-bookworm AS runtime
 # torch.compile builds its kernels at run time with g++ (and gcc) against Python.h: what the base
 # lacks of them comes from apt (the headers only for the OS's own python3: libpython3-dev).
 # hadolint ignore=DL3008,SC2086
-RUN missing=""; \
+RUN start=$(date +%s.%N); missing=""; \
     command -v g++ >/dev/null 2>&1 || missing=" g++"; \
     python3 -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
       || missing="$missing libpython3-dev"; \
@@ -18,11 +18,14 @@ RUN missing=""; \
     fi; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -oDpkg::Options::=--force-unsafe-io $missing \
  && apt-get clean \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/*_* \
+ && for log in /var/cache/ldconfig/aux-cache /var/log/dpkg.log /var/log/alternatives.log /var/log/apt/history.log /var/log/apt/term.log /var/log/apt/eipp.log.xz; do if [ -f "$log" ]; then : > "$log"; fi; done \
+ && { find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /.dockerenv -o -path /etc/mtab -o -path /run/.containerenv -o -path /etc/hosts -o -path /etc/hostname -o -path /etc/resolv.conf \) -prune \
+      -o -newermt "@$start" -exec touch -h -d "@315532800" {} + 2>/dev/null || true; }
 
 FROM runtime
 # PyPI's plain torch 2.4.1 wheel is the CUDA 12.1, cu121 build: install it from PyPI.
-COPY install_env.py framework.lock /tmp/envbuild/
+COPY install_env.py framework.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The index settings and the CA bundle come as BuildKit secrets, uv and the wheelhouse from the
@@ -38,24 +41,24 @@ RUN --mount=type=secret,id=envbuild-config,target=/run/envbuild/secrets/config.j
     fi \
  && { getent group 1000 >/dev/null || groupadd --gid 1000 envbuild; } \
  && { getent passwd 1000 >/dev/null \
-      || useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
+      || SOURCE_DATE_EPOCH=315532800 useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
  && chown -R 1000:1000 /home/envbuild \
- && python3 /tmp/envbuild/install_env.py --mounted /run/envbuild --only 'nvidia-*' /opt/venv /tmp/envbuild/framework.lock
+ && python3 /install_env.py --mounted /run/envbuild --epoch 315532800 --only 'nvidia-*' /opt/venv /framework.lock
 # The framework and what it pulls in (framework.lock), below the team's packages.
 RUN --mount=type=secret,id=envbuild-config,target=/run/envbuild/secrets/config.json \
     --mount=type=secret,id=envbuild-ca,target=/run/envbuild/secrets/ca.crt \
     --mount=type=bind,source=envbuild-framework-inputs,target=/run/envbuild/inputs \
     --mount=type=cache,id=envbuild-uv,target=/run/envbuild/cache \
-    python3 /tmp/envbuild/install_env.py --mounted /run/envbuild /opt/venv /tmp/envbuild/framework.lock
-COPY envbuild.lock /tmp/envbuild/
+    python3 /install_env.py --mounted /run/envbuild --epoch 315532800 /opt/venv /framework.lock
+COPY envbuild.lock /
 RUN --mount=type=secret,id=envbuild-config,target=/run/envbuild/secrets/config.json \
     --mount=type=secret,id=envbuild-ca,target=/run/envbuild/secrets/ca.crt \
     --mount=type=bind,source=envbuild-inputs,target=/run/envbuild/inputs \
     --mount=type=cache,id=envbuild-uv,target=/run/envbuild/cache \
-    python3 /tmp/envbuild/install_env.py --mounted /run/envbuild /opt/venv /tmp/envbuild/envbuild.lock \
- && mv /tmp/envbuild/envbuild.lock /opt/venv/envbuild.lock \
- && rm -rf /tmp/envbuild
+    python3 /install_env.py --mounted /run/envbuild --epoch 315532800 /opt/venv /envbuild.lock \
+ && mv /envbuild.lock /opt/venv/envbuild.lock \
+ && rm -f /install_env.py /framework.lock
 # CUDA 12.1, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
 # the image holds no system CUDA. NVIDIA_* tell the NVIDIA container runtime what to expose.
 ENV PATH="/opt/venv/bin:$PATH" \
