@@ -1,0 +1,238 @@
+"""Issue 24's figures: what a registry stores, a push uploads and a node pulls when team images
+share the framework's layers, beside today's other form of the same images, one install layer.
+
+Run on a host set up by scripts/host-setup.sh (engine, .venv, ./wheelhouse, a bookworm base):
+
+    .venv/bin/python benchmarks/layers.py [--base-image envbuild/base:bookworm]
+                                          [--builder classic|buildkit]
+
+It locks three teams' images of the torch 2.13.0 CPU entry (torch from ./wheelhouse, the rest
+from PyPI through the CA bundle, as the tests do): team A with `six==1.16.0`, team B with
+`tqdm`, and team A after a bump to `six==1.17.0`. Each is built in two forms with one builder
+(`--builder`, the classic one unless told), one after the other on the same engine:
+
+- layered: the locks as `envbuild lock` writes them, whose `# via` annotations give the
+  framework's part its own layers below the team's packages (templates/partials/install.j2);
+- one layer: the same locks without their annotations (as a lock written by hand), installed
+  in one RUN, as every envbuild image was before.
+
+For each form, from no image of the benchmark's and an empty registry (Debian's
+docker-registry on a loopback port): A built cold (`--no-cache`) and pushed; B built and
+pushed; A's bump built and pushed; then the engine keeps A, forgets the bump (and BuildKit's
+whole build cache, which a node does not have) and pulls it back.
+What the registry stores is the size of its blob folder; what a push uploaded is what it added
+there (the engine uploads only the blobs the registry lacks); what a pull downloaded is the
+sum of the blobs it reports as pulled, by the sizes in the image's manifest. Images are tagged
+under envbuild-bench/ and removed at the end, with the registry's folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.support.registry_server import RegistryServer  # noqa: E402
+
+ENVBUILD = [sys.executable, "-m", "envbuild"]
+ENTRY_ID = "torch2.13.0-cpu-py3.11-bookworm"
+TAG = "2.13.0-cpu-py3.11-bookworm"
+TEAMS = {"a": ["six==1.16.0"], "b": ["tqdm"], "a-bumped": ["six==1.17.0"]}
+
+
+def run(command: list[str], env: dict[str, str] | None = None) -> str:
+    """stdout of `command`; exits with its output's tail when it fails."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
+    )
+    if done.returncode != 0:
+        sys.exit(f"benchmark: {' '.join(command[:5])} ... failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def forget() -> None:
+    """Remove this benchmark's images (the classic builder's cache is their layers)."""
+    subprocess.run(
+        ["sh", "-c", "docker images -q 'envbuild-bench/*' | sort -u | xargs -r docker rmi -f;"
+         " docker images -q '127.0.0.1:*/envbuild-bench/*' | sort -u | xargs -r docker rmi -f"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+
+
+def matrix(folder: Path, team: str) -> Path:
+    """The torch CPU entry with `team`'s packages, in a folder of its own (its lock beside)."""
+    path = folder / team / "team.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "defaults": {
+            "python": "3.11",
+            "os": "bookworm",
+            "packages": TEAMS[team],
+            "repository": f"envbuild-bench/layers-{team}-{{framework}}",
+        },
+        "include": [{"framework": "torch", "framework_version": "2.13.0", "cuda": "cpu"}],
+    }
+    path.write_text(json.dumps(document))  # JSON is YAML
+    return path
+
+
+def without_annotations(lock: Path) -> None:
+    """The lock as one written by hand: no `# via` lines, so it installs in one RUN."""
+    lines = lock.read_text().splitlines(keepends=True)
+    lock.write_text("".join(line for line in lines if not line.startswith("    #")))
+
+
+def blob_bytes(registry: RegistryServer) -> int:
+    """Bytes in the registry's blob store."""
+    root = registry.tmp_dir / "storage" / "docker" / "registry" / "v2" / "blobs"
+    return sum(p.stat().st_size for p in root.rglob("data")) if root.exists() else 0
+
+
+def manifest_layers(registry: RegistryServer, repository: str) -> dict[str, int]:
+    """The image's layer blobs (short digest: compressed bytes) as its manifest lists them."""
+    request = urllib.request.Request(
+        f"{registry.url}/v2/{repository}/manifests/{TAG}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        manifest = json.load(answer)
+    return {layer["digest"][7:19]: layer["size"] for layer in manifest["layers"]}
+
+
+@dataclass
+class Form:
+    """One form's figures."""
+
+    cold: float = 0.0
+    size: int = 0
+    stored_one: int = 0
+    stored_two: int = 0
+    second_push: int = 0
+    first_push: int = 0
+    bump_build: float = 0.0
+    bump_push: int = 0
+    bump_pull: int = 0
+    layers: int = 0
+
+
+def build(path: Path, common: list[str], *, cold: bool) -> float:
+    start = time.perf_counter()
+    run([*ENVBUILD, "build", "-m", str(path), *common, "--locked", "--no-smoke",
+         *(["--no-cache"] if cold else [])])  # fmt: skip
+    return time.perf_counter() - start
+
+
+def push(registry: RegistryServer, team: str) -> tuple[str, int]:
+    """Push team's image; its registry name and the bytes the registry gained."""
+    local = f"envbuild-bench/layers-{team}-torch:{TAG}"
+    remote = f"{registry.host}/envbuild-bench/layers-{team}-torch"
+    before = blob_bytes(registry)
+    run(["docker", "tag", local, f"{remote}:{TAG}"])
+    run(["docker", "push", f"{remote}:{TAG}"])
+    return remote, blob_bytes(registry) - before
+
+
+def measure(form: str, work: Path, common: list[str]) -> Form:
+    forget()
+    figures = Form()
+    registry = RegistryServer(work / f"registry-{form}")
+    try:
+        paths = {team: work / form / team / "team.yaml" for team in TEAMS}
+        figures.cold = build(paths["a"], common, cold=True)
+        image = json.loads(
+            run(["docker", "image", "inspect", f"envbuild-bench/layers-a-torch:{TAG}"])
+        )
+        figures.size = image[0]["Size"]
+        figures.layers = len(image[0]["RootFS"]["Layers"])
+        _, figures.first_push = push(registry, "a")
+        figures.stored_one = blob_bytes(registry)
+        build(paths["b"], common, cold=False)
+        _, figures.second_push = push(registry, "b")
+        figures.stored_two = blob_bytes(registry)
+        figures.bump_build = build(paths["a-bumped"], common, cold=False)
+        remote, figures.bump_push = push(registry, "a-bumped")
+        # A node that holds A: the bump forgotten, then pulled from the registry. BuildKit's
+        # cache holds the layers it built (the engine would find them there), and a node has
+        # no build cache: dropped first.
+        subprocess.run(["docker", "rmi", "-f", f"{remote}:{TAG}",
+                        f"envbuild-bench/layers-a-bumped-torch:{TAG}"],
+                       capture_output=True, check=False)  # fmt: skip
+        run(["docker", "builder", "prune", "-af"])
+        pulled = run(["docker", "pull", f"{remote}:{TAG}"])
+        sizes = manifest_layers(registry, "envbuild-bench/layers-a-bumped-torch")
+        fetched = re.findall(r"^([0-9a-f]{12}): Pull complete", pulled, re.MULTILINE)
+        figures.bump_pull = sum(sizes.get(short, 0) for short in fetched)
+    finally:
+        registry.stop()
+        forget()
+    return figures
+
+
+def mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-image", default="envbuild/base:bookworm")
+    parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
+    parser.add_argument("--builder", choices=("classic", "buildkit"), default="classic")
+    options = parser.parse_args()
+    common = [
+        "--base-image", options.base_image, "--wheelhouse", str(REPO / "wheelhouse"),
+        "--ca-bundle", options.ca_bundle, "--index-url", "https://pypi.org/simple",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="envbuild-bench-layers-") as tmp:
+        work = Path(tmp)
+        env = {"XDG_CACHE_HOME": str(work / "cache")}
+        os.environ.update(env)
+        for team in TEAMS:
+            path = matrix(work / "layered", team)
+            run([*ENVBUILD, "lock", "-m", str(path), *common])
+            one = matrix(work / "one-layer", team)
+            lock = path.parent / "team.lock" / f"{ENTRY_ID}.txt"
+            (one.parent / "team.lock").mkdir()
+            copied = one.parent / "team.lock" / lock.name
+            copied.write_text(lock.read_text())
+            without_annotations(copied)
+        building = [*common, "--builder", options.builder]
+        results = {form: measure(form, work, building) for form in ("one-layer", "layered")}
+    old, new = results["one-layer"], results["layered"]
+    rows = [
+        ("layers in the image", f"{new.layers}", f"{old.layers}", "<= 12"),
+        ("cold build of team A (--no-cache)", f"{new.cold:.1f} s", f"{old.cold:.1f} s",
+         f"<= 1.05x: {new.cold / old.cold:.2f}x"),
+        ("image size", mb(new.size), mb(old.size), f"<= 1.01x: {new.size / old.size:.3f}x"),
+        ("registry after A, then after A and B", f"{mb(new.stored_one)}, {mb(new.stored_two)}",
+         f"{mb(old.stored_one)}, {mb(old.stored_two)}",
+         f"<= 1.1x: {new.stored_two / new.stored_one:.3f}x (one layer {old.stored_two / old.stored_one:.2f}x)"),
+        ("B's push against A's", mb(new.second_push), mb(old.second_push),
+         f"<= 5%: {100 * new.second_push / new.first_push:.2f}% (one layer {100 * old.second_push / old.first_push:.0f}%)"),
+        ("rebuild after bumping six against A's cold build", f"{new.bump_build:.1f} s",
+         f"{old.bump_build:.1f} s",
+         f"<= 0.15x: {new.bump_build / new.cold:.2f}x (one layer {old.bump_build / old.cold:.2f}x)"),
+        ("the bump's push against the image", mb(new.bump_push), mb(old.bump_push),
+         f"<= 5%: {100 * new.bump_push / new.first_push:.2f}% (one layer {100 * old.bump_push / old.first_push:.0f}%)"),
+        ("the bump's pull by a node holding A", mb(new.bump_pull), mb(old.bump_pull),
+         f"<= 5%: {100 * new.bump_pull / new.first_push:.2f}% (one layer {100 * old.bump_pull / old.first_push:.0f}%)"),
+    ]  # fmt: skip
+    print(f"builder: {options.builder}")
+    print("| measure | layered | one layer | target |\n| --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"benchmark: {time.perf_counter() - started:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
