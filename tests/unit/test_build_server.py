@@ -624,6 +624,14 @@ def test_the_installer_puts_the_cuda_libraries_in_a_step_of_their_own_with_real_
     )
 
 
+def empty_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv's folder and its site-packages, with nothing installed."""
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    return venv, site
+
+
 def fake_distribution(site: Path, name: str, files: dict[str, str], record: list[str]) -> Path:
     """A distribution as an installer leaves it in `site`: its files and a RECORD of `record`."""
     for path, text in files.items():
@@ -639,9 +647,7 @@ def fake_distribution(site: Path, name: str, files: dict[str, str], record: list
 def test_bytecode_is_compiled_for_what_the_step_installed_but_not_its_tests(
     tmp_path: Path,
 ) -> None:
-    venv = tmp_path / "venv"
-    site = venv / "lib" / "python3.11" / "site-packages"
-    site.mkdir(parents=True)
+    venv, site = empty_venv(tmp_path)
     fake_distribution(site, "older", {"older/__init__.py": "A = 1\n"}, ["older/__init__.py"])
     before = install_env.dist_infos(str(venv))
     files = {
@@ -723,9 +729,7 @@ def test_a_steps_times_are_clamped_to_the_epoch_and_nothing_older_or_skipped_is_
 def test_uvs_record_of_a_local_wheels_time_is_the_epoch_and_its_record_says_so(
     tmp_path: Path,
 ) -> None:
-    venv = tmp_path / "venv"
-    site = venv / "lib" / "python3.11" / "site-packages"
-    site.mkdir(parents=True)
+    venv, site = empty_venv(tmp_path)
     before = install_env.dist_infos(str(venv))
     info = fake_distribution(site, "torch", {"torch/__init__.py": "A = 1\n"}, ["torch/__init__.py"])
     stamp = (
