@@ -42,6 +42,7 @@ from __future__ import annotations
 import base64
 import collections
 import concurrent.futures
+import contextlib
 import csv
 import fnmatch
 import glob
@@ -517,6 +518,13 @@ def clamp_times(
     step's layer neither grows nor holds the time it was built at."""
     epoch_ns = epoch * 1_000_000_000
     now_ns = time.time_ns() + 1_000_000_000
+
+    def clamp(path: str, info: os.stat_result) -> int:
+        if not since_ns <= info.st_mtime_ns <= now_ns:
+            return 0
+        os.utime(path, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
+        return 1
+
     clamped = 0
     pending = [root]
     while pending:
@@ -529,21 +537,13 @@ def clamp_times(
             if entry.path in skip:
                 continue
             try:
-                info = entry.stat(follow_symlinks=False)
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
-                if since_ns <= info.st_mtime_ns <= now_ns:
-                    os.utime(entry.path, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
-                    clamped += 1
+                clamped += clamp(entry.path, entry.stat(follow_symlinks=False))
             except OSError:
                 continue
-    try:  # the root itself, last: clamping what it holds changes no folder's time
-        info = os.stat(root, follow_symlinks=False)
-        if since_ns <= info.st_mtime_ns <= now_ns:
-            os.utime(root, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
-            clamped += 1
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):  # the root last: clamping what it holds dates no folder
+        clamped += clamp(root, os.stat(root, follow_symlinks=False))
     return clamped
 
 
@@ -561,7 +561,7 @@ def stamp_uv_cache_info(venv: str, before: set[str], epoch: int) -> int:
         try:
             with open(path, encoding="utf-8") as handle:
                 cached = json.load(handle)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # not uv's: left as it is
             continue
         if not isinstance(cached, dict) or not isinstance(cached.get("timestamp"), dict):
             continue
@@ -590,10 +590,8 @@ def _rerecord(info: str, name: str, data: bytes) -> None:
         csv.writer(handle, lineterminator="\n").writerows(rows)
 
 
-def clamp_step(epoch: int | None, since_ns: int) -> int:
+def clamp_step(epoch: int, since_ns: int) -> int:
     """clamp_times over the whole file system of the build's container, for `--epoch`."""
-    if epoch is None:
-        return 0
     skip = mount_points() | set(CONTAINER_PATHS)
     return clamp_times("/", since_ns, epoch, skip)
 
@@ -779,7 +777,7 @@ def install(
     clock.done("install")
     if epoch is not None:
         stamp_uv_cache_info(venv, before, epoch)
-    clamp_step(epoch, since_ns)
+        clamp_step(epoch, since_ns)
     compiled, failed = compile_bytecode(venv, before)
     clock.done("bytecode")
     print(

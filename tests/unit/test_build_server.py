@@ -753,6 +753,30 @@ def test_uvs_record_of_a_local_wheels_time_is_the_epoch_and_its_record_says_so(
     assert install_env.stamp_uv_cache_info(str(venv), install_env.dist_infos(str(venv)), 1) == 0
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"not json", b"\xff\xfe\x00", b"[1, 2]", b'{"timestamp": 5}', b'{"commit": null}', b"",
+     b'{"timestamp": ' * 10_000, None],
+    ids=["text", "bad-encoding", "list", "timestamp-number", "no-timestamp", "empty", "nested",
+         "a-folder"],
+)  # fmt: skip
+def test_a_uv_cache_json_of_another_shape_is_left_as_it_is(
+    tmp_path: Path, content: bytes | None
+) -> None:
+    venv, site = empty_venv(tmp_path)
+    before = install_env.dist_infos(str(venv))
+    info = fake_distribution(site, "pkg", {"pkg/__init__.py": ""}, ["pkg/__init__.py"])
+    cached = info / "uv_cache.json"
+    if content is None:
+        cached.mkdir()
+    else:
+        cached.write_bytes(content)
+    record = (info / "RECORD").read_bytes()
+    assert install_env.stamp_uv_cache_info(str(venv), before, 315532800) == 0
+    assert content is None or cached.read_bytes() == content
+    assert (info / "RECORD").read_bytes() == record
+
+
 def test_a_step_starts_when_its_containers_first_process_did(tmp_path: Path) -> None:
     started = install_env.step_started()
     boot = next(
