@@ -254,11 +254,16 @@ class DockerEngine:
         self._asked.request = request
         if kwargs.get("timeout") is None:  # docker-py asks none for builds and pulls
             kwargs["timeout"] = self._timeout
-        response = self._send(request, **kwargs)
         path = urllib.parse.urlsplit(request.url or "").path
+        logs = request.method == "GET" and _LOGS.fullmatch(path) is not None
+        if logs:
+            kwargs["stream"] = True  # read here, bounded, not whole by requests
+        response = self._send(request, **kwargs)
         if request.method == "POST" and _LONG_STREAMS.fullmatch(path):
             _wait_as_long_as_it_runs(response)
-        elif request.method == "GET" and _LOGS.fullmatch(path) and response.ok:
+        elif logs and response.ok:
+            response._content = _bounded_log(response)  # read bounded, once, before docker-py does
+            response._content_consumed = True  # type: ignore[attr-defined]
             try:
                 _check_log_frames(response.content)
             except _NotTheApi as exc:
@@ -367,11 +372,13 @@ class DockerEngine:
             raise
         labels = _document(attrs.get("Config") or {}).get("Labels") or {}
         recorded = f"{attrs.get('Os') or 'linux'}/{attrs.get('Architecture') or ''}"
+        layers = _document(attrs.get("RootFS") or {}).get("Layers") or []
         return ImageInfo(
             id=str(attrs["Id"]),
             tags=tuple(attrs.get("RepoTags") or ()),
             labels=dict(labels),
             platform=platform_of(str(attrs.get("Architecture", ""))) or recorded,
+            layers=tuple(str(layer) for layer in layers) if isinstance(layers, list) else (),
         )
 
     def tag(self, image_id: str, ref: str) -> None:
@@ -634,6 +641,31 @@ class DockerEngine:
             platform=image.platform,
         )
 
+    def pull(
+        self, ref: str, *, platform: str | None, auth_config: dict[str, str] | None
+    ) -> ImageInfo | None:
+        """Pull `ref` for `platform`; the image, or None when the registry holds no such tag."""
+        log.info("pulling %s", ref)
+        repository, tag = split_tag(ref)
+        try:
+            for chunk in self._client.api.pull(
+                repository, tag=tag or "latest", stream=True, decode=True, platform=platform,
+                auth_config=auth_config,
+            ):  # fmt: skip
+                if "error" in _document(chunk):
+                    msg = f"pull of {printable(ref, 200)} failed: {printable(chunk['error'], 300)}"
+                    raise EnvbuildError(msg)
+        except _FAILURES as exc:
+            response = _http_error(exc)
+            if response is None:
+                raise
+            if response.status_code == 404:  # the registry answered: no such manifest
+                return None
+            engine = f"the Docker engine at {printable(self._address, 120)}"
+            msg = f"pull of {printable(ref, 200)} failed: {engine} answered {_status(response)}"
+            raise EnvbuildError(msg) from exc
+        return self.image(ref)
+
     def _pull(self, ref: str, platform: str | None = None) -> ImageInfo:
         """Pull a missing base image; BadInput naming the way out when the registry says no."""
         log.info("pulling %s", ref)
@@ -712,6 +744,7 @@ class DockerEngine:
                 except docker.errors.APIError as refused:
                     if refused.status_code != 409:  # 409: it ended meanwhile
                         raise
+            # Each read at most RUN_OUTPUT_MAX bytes (`_bounded_send`).
             stdout = api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
             stderr = api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
             return RunResult(
@@ -799,6 +832,52 @@ def _tar_of(path: str, data: bytes) -> bytes:
 # What docker-py, requests and urllib3 raise on an engine's answer. The last rows are what
 # parsing raises on a body that is not the API: JSON that does not parse (ValueError), JSON of
 # another shape (docker-py indexes it), log frames that do not unpack.
+# What `run` keeps of a container's stdout and of its stderr (the smoke report is a few KB, the
+# package listing of an image a few hundred).
+RUN_OUTPUT_MAX = 16 * 1024 * 1024
+_FRAME_HEADER = 8
+_CUT_NOTE = "\n[envbuild: output cut at {limit} bytes]\n"
+
+
+def _bounded_log(response: requests.Response, limit: int = RUN_OUTPUT_MAX) -> bytes:
+    """A log answer's body, read whole when it holds at most `limit` bytes of output; else its
+    frames up to `limit` bytes and one frame more saying where it was cut, the rest unread
+    (what runs in a container may be any image's, and may print without end). Read no deeper
+    than twice `limit` and a margin: frames' headers are 8 bytes each, of a line or of nothing."""
+    data = bytearray()
+    ended = False
+    while len(data) <= 2 * limit + 64 * 1024:
+        block = response.raw.read(1024 * 1024, decode_content=True)
+        if not block:
+            ended = True
+            break
+        data += block
+    kept, printed, stream = _frames_up_to(bytes(data), limit)
+    if ended and printed <= limit:
+        return bytes(data)  # whole: `_check_log_frames` judges its framing
+    response.close()
+    note = _CUT_NOTE.format(limit=limit).encode()
+    return kept + bytes([stream, 0, 0, 0]) + struct.pack(">L", len(note)) + note
+
+
+def _frames_up_to(data: bytes, limit: int) -> tuple[bytes, int, int]:
+    """The frames of `data` with `limit` bytes of output in all, the one that passes it cut
+    short; with how many bytes of output `data` holds (counted to past `limit`) and the stream
+    (stdout 1, stderr 2) of the last frame."""
+    kept = bytearray()
+    printed = offset = 0
+    stream = 1
+    while offset + _FRAME_HEADER <= len(data) and printed <= limit:
+        stream, length = data[offset], struct.unpack(">L", data[offset + 4 : offset + 8])[0]
+        start = offset + _FRAME_HEADER
+        payload = data[start : start + min(length, max(0, limit - printed))]
+        if printed < limit:
+            kept += data[offset : offset + 4] + struct.pack(">L", len(payload)) + payload
+        printed += min(length, len(data) - start)
+        offset = start + length
+    return bytes(kept), printed, stream
+
+
 _FAILURES: tuple[type[BaseException], ...] = (
     docker.errors.DockerException,
     requests.RequestException,

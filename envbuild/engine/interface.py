@@ -24,6 +24,7 @@ class ImageInfo:
     tags: tuple[str, ...]
     labels: dict[str, str]
     platform: str = ""  # what its config records, as core.platforms names it (linux/arm64)
+    layers: tuple[str, ...] = ()  # its file system's layers (diff ids), lowest first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +124,13 @@ class Engine(Protocol):
         on_line: Callable[[str], None],
     ) -> str:
         """Push the image as `ref` (host/repo:tag); return the digest the push reported."""
+        ...
+
+    def pull(
+        self, ref: str, *, platform: str | None, auth_config: dict[str, str] | None
+    ) -> ImageInfo | None:
+        """Pull `ref` (host/repo:tag) for `platform`; the image, or None when the registry holds
+        no such tag. EnvbuildError (one line naming the reference) when the pull fails otherwise."""
         ...
 
     def probe_base(self, ref: str, platform: str | None = None) -> BaseProbe:

@@ -14,7 +14,7 @@ import requests
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import EnvbuildError
 from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
-from envbuild.engine.docker_engine import DockerEngine
+from envbuild.engine.docker_engine import RUN_OUTPUT_MAX, DockerEngine
 from envbuild.engine.interface import Engine
 from tests.support.docker_support import TEST_LABEL, derive, envbuild
 from tests.support.registry_server import RegistryServer
@@ -220,3 +220,16 @@ def test_a_stopped_container_another_run_still_needs_is_not_removed_as_a_leftove
         for container in containers.values():
             with contextlib.suppress(docker.errors.NotFound):
                 container.remove(force=True)
+
+
+def test_what_a_container_prints_is_kept_up_to_a_bound(engine: Engine, base_image: str) -> None:
+    """`run` serves images envbuild did not build too (a framework image pushed by hand): an
+    output without end is cut at RUN_OUTPUT_MAX, said so, and the run still ends."""
+    result = engine.run(
+        base_image, ["sh", "-c", f"head -c {RUN_OUTPUT_MAX + 4 * 1024 * 1024} /dev/zero; echo done >&2"],
+        timeout=60,
+    )  # fmt: skip
+    assert result.exit_code == 0
+    note = f"\n[envbuild: output cut at {RUN_OUTPUT_MAX} bytes]\n"
+    assert result.stdout == "\0" * RUN_OUTPUT_MAX + note
+    assert result.stderr == "done\n"

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from envbuild.core.errors import BadInput, BuildFailed, EngineUnavailable, EnvbuildError
+from envbuild.core.errors import (
+    BadInput,
+    BuildFailed,
+    EngineFailed,
+    EngineUnavailable,
+    EnvbuildError,
+)
 from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 from envbuild.core.platforms import AMD64
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
@@ -31,6 +37,7 @@ class Image:
     tags: list[str]
     labels: dict[str, str]
     platform: str = AMD64
+    layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,11 +87,17 @@ class InMemoryEngine:
     images: dict[str, Image] = field(default_factory=dict)
     bases: dict[str, BaseProbe] = field(default_factory=dict)
     outputs: dict[str, RunResult] = field(default_factory=dict)  # image id or tag -> result
+    # image id -> what the engine answers when its container cannot start (EngineFailed)
+    unstartable: dict[str, str] = field(default_factory=dict)
     failing_builds: dict[str, str] = field(default_factory=dict)  # tag -> build error
     unavailable: bool = False  # every build raises EngineUnavailable, as a dead engine would
     builds: list[Build] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
     pushes: list[tuple[str, str]] = field(default_factory=list)  # (image id, reference)
+    # What registries hold, by reference, for `pull`: a reference named here with None fails to
+    # pull (an unreachable registry); one not named is no such tag.
+    remote: dict[str, Image | None] = field(default_factory=dict)
+    pulls: list[str] = field(default_factory=list)
     probes: list[str] = field(default_factory=list)
     gateway: str = "127.0.0.1"  # where envbuild's build server listens during a build
     # builder -> "" where it works with this engine, else why not (Engine.builder_problem).
@@ -160,7 +173,7 @@ class InMemoryEngine:
                 return None
             return ImageInfo(
                 id=found.id, tags=tuple(found.tags), labels=dict(found.labels),
-                platform=found.platform,
+                platform=found.platform, layers=found.layers,
             )  # fmt: skip
 
     def tag(self, image_id: str, ref: str) -> None:
@@ -214,11 +227,22 @@ class InMemoryEngine:
         # As both of Docker's builders do with a local base: the image is labelled with the
         # base's platform, whatever `platform` asked for.
         base = self.image(next(iter(re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)), ""))
+        # As a real engine's: the base's labels and layers, then a layer per RUN and COPY.
+        steps_made = re.findall(r"^(?:RUN|COPY|ADD)\b.*$", dockerfile, re.M)
         image_id = self.add_image(
             f"build {number} on {self.name}\n{dockerfile}",
-            labels={**dockerfile_labels(dockerfile), **labels},
+            labels={
+                **(base.labels if base is not None else {}),
+                **dockerfile_labels(dockerfile),
+                **labels,
+            },
             platform=base.platform if base is not None else AMD64,
         )
+        with self._lock:
+            self.images[image_id].layers = (
+                *(base.layers if base is not None else ()),
+                *(hashlib.sha256(f"{image_id} {step}".encode()).hexdigest() for step in steps_made),
+            )
         if tag is not None:
             self.tag(image_id, tag)
         return image_id
@@ -257,6 +281,25 @@ class InMemoryEngine:
         # One image, one manifest: every reference pushed from it has the same digest.
         return "sha256:" + hashlib.sha256(f"manifest {image_id}".encode()).hexdigest()
 
+    def pull(
+        self, ref: str, *, platform: str | None, auth_config: dict[str, str] | None
+    ) -> ImageInfo | None:
+        with self._lock:
+            self.pulls.append(ref)
+        if ref not in self.remote:
+            return None
+        held = self.remote[ref]
+        if held is None:
+            msg = f"pull of {ref} failed: the registry cannot be reached"
+            raise EnvbuildError(msg)
+        with self._lock:
+            self.images[held.id] = Image(
+                id=held.id, tags=[], labels=dict(held.labels), platform=held.platform,
+                layers=held.layers,
+            )  # fmt: skip
+        self.tag(held.id, ref)
+        return self.image(ref)
+
     def probe_base(self, ref: str, platform: str | None = None) -> BaseProbe:
         with self._lock:
             self.probes.append(ref)
@@ -291,6 +334,8 @@ class InMemoryEngine:
                     environment=None if environment is None else dict(environment),
                 )
             )
+        if found.id in self.unstartable:
+            raise EngineFailed(self.unstartable[found.id])
         for key in (found.id, *found.tags):
             if key in self.outputs:
                 return self.outputs[key]
