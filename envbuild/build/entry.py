@@ -14,11 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from envbuild import __version__
 from envbuild.build.render import INSTALLER, INSTALLER_NAME, render_entry, write_context
 from envbuild.build.server import kept_context, serve_build, uv_for, write_mounted
 from envbuild.core import labels as label_keys
-from envbuild.core.errors import BadInput, BuildFailed
+from envbuild.core.errors import BadInput, BuildFailed, EngineFailed, EnvbuildError
 from envbuild.core.interrupt import run_id, scratch_prefix
 from envbuild.core.labels import SERVE_ARG
 from envbuild.core.models import (
@@ -28,15 +30,20 @@ from envbuild.core.models import (
     BuildOptions,
     BuiltImage,
     Entry,
+    FrameworkImage,
     Knowledge,
     Lock,
     ProxySettings,
 )
+from envbuild.core.names import shown
 from envbuild.core.places import log_dir
 from envbuild.core.platforms import MACHINE, platform_ref
 from envbuild.core.redact import redact
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine, ImageInfo
+from envbuild.lock.lockfile import pin_changes, pins
+from envbuild.net.bounded import printable
+from envbuild.net.credentials import docker_auth_config
 from envbuild.net.proxy import with_direct
 
 log = logging.getLogger(__name__)
@@ -134,17 +141,19 @@ def check_base_platform(entry: Entry, probe: BaseProbe, asked: str) -> None:
     raise BadInput(msg)
 
 
-def _built_before(engine: Engine, store: ResultStore, context: BuildContext) -> ImageInfo | None:
-    """The newest image envbuild built for this content hash that this engine still has.
+def _built_before(
+    engine: Engine, store: ResultStore, content_hash: str, label: str = label_keys.CONTENT_HASH
+) -> ImageInfo | None:
+    """The newest image envbuild built for this content hash (or framework key, under its
+    `label`) that this engine still has.
 
-    Found by an image id recorded at build time, never by the content-hash label alone: an
-    image built FROM an envbuild image inherits that label and is not ours. Another engine's
-    build of the same hash (one data folder, two engines) is another record, not a reason to
-    build again here.
+    Found by an image id recorded at build time, never by the label alone: an image built FROM
+    an envbuild image inherits that label and is not ours. Another engine's build of the same
+    hash (one data folder, two engines) is another record, not a reason to build again here.
     """
-    for record in store.built_images(context.content_hash):
+    for record in store.built_images(content_hash):
         image = engine.image(record.image_id)
-        if image is not None and image.labels.get(label_keys.CONTENT_HASH) == context.content_hash:
+        if image is not None and image.labels.get(label) == content_hash:
             return image
     return None
 
@@ -155,17 +164,21 @@ def build_entry(
     *,
     store: ResultStore,
     on_line: Callable[[str], None] = lambda line: None,
+    on_note: Callable[[str], None] = lambda note: None,
     no_cache: bool = False,
     proxy: ProxySettings | None = None,
+    framework_from: str | None = None,
 ) -> BuiltImage:
     """Build one rendered entry, or find the image envbuild built for its content hash; tag it.
 
+    An entry with a framework image is built FROM it: the one this engine has for its key, else
+    the one the registry holds as `framework_from`, else built first (`on_note` says which).
     `proxy` reaches the RUN steps as Docker's predefined proxy arguments, with the build
     server's address in NO_PROXY; an --offline build gets none (it has no route off the host)."""
     entry = context.entry
     start = time.monotonic()
     started = datetime.now(UTC)
-    existing = None if no_cache else _built_before(engine, store, context)
+    existing = None if no_cache else _built_before(engine, store, context.content_hash)
     if existing is not None:
         return _found(engine, entry, existing, start)
     logs = log_dir()
@@ -174,6 +187,7 @@ def build_entry(
     # A fresh file moved into place before the first line: two runs building the same entry on
     # one machine (parallel CI jobs) never write into one file; the later one owns the name.
     writing = logs / f".{entry.id}.{run_id()}.{threading.get_ident()}.log"
+    note = ""
     with writing.open("w", encoding="utf-8", buffering=1) as log_file:
         writing.replace(log_path)
 
@@ -183,8 +197,22 @@ def build_entry(
             on_line(line)
 
         try:
-            image_id = _build(engine, context, record, no_cache=no_cache, proxy=proxy)
+            framework = None
+            if context.framework_image is not None:
+                framework, note = have_framework(
+                    engine, context, store, record, no_cache=no_cache, proxy=proxy,
+                    remote=framework_from,
+                )  # fmt: skip
+                record(note)
+                on_note(note)
+            labels = {**context.labels, "org.opencontainers.image.created": _now()}
+            image_id = _build(
+                engine, context, record, tag=entry.image, labels=labels, no_cache=no_cache,
+                proxy=proxy,
+            )  # fmt: skip
             check_built_platform(engine, entry, image_id)
+            if framework is not None:
+                check_built_on(engine, image_id, framework)
         except BuildFailed as exc:
             msg = f"{entry.id}: build failed: {exc.message} (full log: {log_path})"
             raise BuildFailed(msg) from exc
@@ -197,7 +225,170 @@ def build_entry(
         built=True,
         log_path=log_path,
         seconds=time.monotonic() - start,
+        framework=note,
     )
+
+
+_KEY_LOCKS: dict[str, threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
+# What a framework image found under its reference, not built here, must show it installed:
+# every distribution of /opt/venv as name==version, one per line.
+_LIST_DISTRIBUTIONS = (
+    "import importlib.metadata as m\n"
+    "for d in m.distributions():\n"
+    "    print(f\"{d.metadata['Name']}=={d.version}\")\n"
+)
+_LIST_MAX_LINES = 10_000
+# The distributions `python3 -m venv` seeds a venv with (pip, and setuptools before Python 3.12),
+# which the installer seeds /opt/venv with too (install_env.seed_wheels) where the lock pins none.
+VENV_SEEDS = frozenset({"pip", "setuptools"})
+
+
+def _key_lock(key: str) -> threading.Lock:
+    """One lock per framework key: entries built in parallel that share one build it once."""
+    with _KEY_LOCKS_GUARD:
+        return _KEY_LOCKS.setdefault(key, threading.Lock())
+
+
+def have_framework(
+    engine: Engine,
+    context: BuildContext,
+    store: ResultStore,
+    on_line: Callable[[str], None],
+    *,
+    no_cache: bool = False,
+    proxy: ProxySettings | None = None,
+    remote: str | None = None,
+) -> tuple[ImageInfo, str]:
+    """The context's framework image on this engine, tagged with its reference, and how it was
+    had: the image envbuild built for its key here; else one under its reference, or pulled
+    from `remote` (host/repository:tag), whose key and installed distributions are the key's;
+    else built now. One that does not match (pushed or tagged by hand) is never used: the note
+    says why, and the image is built."""
+    wanted = context.framework_image
+    assert wanted is not None
+    name = f"framework {wanted.title} (key {wanted.short})"
+    with _key_lock(wanted.key):
+        start = time.monotonic()
+        refused = ""
+        if not no_cache:
+            found = _built_before(engine, store, wanted.key, label_keys.FRAMEWORK_KEY)
+            if found is not None:
+                if wanted.ref not in found.tags:
+                    engine.tag(found.id, wanted.ref)
+                return found, f"{name}: built before on this engine"
+            for where, how in _framework_sources(engine, context, remote):
+                candidate = how()
+                if isinstance(candidate, str):
+                    refused += f"{where} {candidate}; "
+                    continue
+                if candidate is None:
+                    continue
+                problem = framework_problem(engine, wanted, candidate)
+                if problem is None:
+                    if wanted.ref not in candidate.tags:
+                        engine.tag(candidate.id, wanted.ref)
+                    store.record_built(wanted.key, name, wanted.ref, candidate.id)
+                    said = "from the registry" if where == remote else "found"
+                    return candidate, f"{name}: {said} as {where}, its distributions checked"
+                refused += f"{where} refused ({problem}); "
+            if refused:
+                log.warning("%s: %s", name, refused.removesuffix("; "))
+        labels = {
+            label_keys.FRAMEWORK_KEY: wanted.key,
+            label_keys.PLATFORM: context.entry.platform,
+        }
+        image_id = _build(
+            engine, dataclasses.replace(context, dockerfile=wanted.dockerfile), on_line,
+            tag=wanted.ref, labels=labels, no_cache=no_cache, proxy=proxy,
+            name=f"framework {wanted.key}",
+        )  # fmt: skip
+        check_built_platform(engine, context.entry, image_id)
+        store.record_built(wanted.key, name, wanted.ref, image_id)
+        built = engine.image(image_id)
+        if built is None:
+            msg = f"the engine lost {name} right after building it ({image_id[:19]})"
+            raise BuildFailed(msg)
+        return built, f"{name}: {refused}built in {time.monotonic() - start:.1f} s"
+
+
+def _framework_sources(
+    engine: Engine, context: BuildContext, remote: str | None
+) -> list[tuple[str, Callable[[], ImageInfo | str | None]]]:
+    """Where a framework image not built here may be had, in turn: under its reference on this
+    engine, then pulled from `remote`; each gives the image, None (not there) or why it failed."""
+    wanted = context.framework_image
+    assert wanted is not None
+    sources: list[tuple[str, Callable[[], ImageInfo | str | None]]] = [
+        (wanted.ref, lambda: engine.image(wanted.ref))
+    ]
+    if remote is not None:
+
+        def pull() -> ImageInfo | str | None:
+            host = remote.partition("/")[0]
+            try:
+                return engine.pull(
+                    remote, platform=context.entry.platform, auth_config=docker_auth_config(host)
+                )
+            except EnvbuildError as exc:
+                return f"not pulled ({exc.message})"
+
+        sources.append((remote, pull))
+    return sources
+
+
+def framework_problem(engine: Engine, wanted: FrameworkImage, found: ImageInfo) -> str | None:
+    """Why the image `found` under the framework image's reference is not it, or None: its key
+    label, and the distributions installed in /opt/venv against its lock, name for name and
+    version for version."""
+    key = found.labels.get(label_keys.FRAMEWORK_KEY)
+    if key is None:
+        return f"it has no {label_keys.FRAMEWORK_KEY} label"
+    if key != wanted.key:
+        return f"its key label is {shown(key, 16)}, not {wanted.short}"
+    try:
+        result = engine.run(
+            found.id, ["/opt/venv/bin/python", "-c", _LIST_DISTRIBUTIONS], timeout=120
+        )
+    except EngineFailed as exc:  # the engine could not start it: no /opt/venv/bin/python
+        # What the engine said, without the advice about DOCKER_HOST: its end names the cause.
+        said = exc.message.split("; check that DOCKER_HOST", 1)[0]
+        return f"listing its distributions failed: it did not start (…{printable(said[-160:])})"
+    if result.exit_code != 0:
+        return f"listing its distributions failed ({shown(result.stderr.strip(), 120)})"
+    lines = result.stdout.splitlines()
+    if len(lines) > _LIST_MAX_LINES:
+        return f"it lists more than {_LIST_MAX_LINES} distributions"
+    locked = pins(wanted.lock)
+    installed: dict[str, str] = {}
+    for line in lines:
+        name, _, version = line.partition("==")
+        canonical = canonicalize_name(name)
+        if canonical in VENV_SEEDS and canonical not in locked:
+            continue  # what `python3 -m venv` seeds every venv with, as the installer does
+        installed[canonical] = version.strip()
+    changes = pin_changes(locked, installed)
+    if changes:
+        more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+        return f"its distributions differ from framework.lock: {', '.join(changes[:3])}{more}"
+    return None
+
+
+def check_built_on(engine: Engine, image_id: str, framework: ImageInfo) -> None:
+    """BuildFailed unless the image's layers start with the framework image's: built FROM a
+    reference, it must have got the image that was checked, not one tagged there since."""
+    image = engine.image(image_id)
+    layers = image.layers if image is not None else ()
+    if layers[: len(framework.layers)] != framework.layers:
+        msg = (
+            f"the image is not built on the framework image {framework.id[:19]} it was checked "
+            "against (its reference moved during the build?); build again"
+        )
+        raise BuildFailed(msg)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def check_built_platform(engine: Engine, entry: Entry, image_id: str) -> None:
@@ -257,24 +448,25 @@ def _build(
     context: BuildContext,
     on_line: Callable[[str], None],
     *,
+    tag: str,
+    labels: dict[str, str],
     no_cache: bool,
     proxy: ProxySettings | None,
+    name: str = "",
 ) -> str:
-    """The engine's build of a context written to a scratch folder, with its inputs as BuildKit
-    mounts or served for the build's duration (the classic builder); the image id."""
-    labels = {
-        **context.labels,
-        label_keys.VERSION: __version__,
-        "org.opencontainers.image.created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    """The engine's build of a context written to a scratch folder, tagged `tag` and labelled
+    `labels` (and envbuild's version), with its inputs as BuildKit mounts or served for the
+    build's duration (the classic builder); the image id. `name`: whose BuildKit context
+    folder it is (the entry's id unless given)."""
+    labels = {**labels, label_keys.VERSION: __version__}
     network = not context.offline
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp:
         if context.builder == BUILDKIT:
-            with kept_context(context.entry.id, Path(tmp)) as folder:
+            with kept_context(name or context.entry.id, Path(tmp)) as folder:
                 write_context(context, folder)
                 secrets = write_mounted(context, folder, Path(tmp) / "secrets")
                 return engine.build(
-                    folder, tag=context.entry.image, labels=labels, build_args=context.build_args,
+                    folder, tag=tag, labels=labels, build_args=context.build_args,
                     on_line=on_line, network=network, no_cache=no_cache,
                     proxy=proxy if proxy is not None and not proxy.empty and network else None,
                     builder=BUILDKIT, secrets=secrets, platform=context.entry.platform,
@@ -287,7 +479,7 @@ def _build(
         with serve_build(gateway, context.served) as url:
             return engine.build(
                 folder,
-                tag=context.entry.image,
+                tag=tag,
                 labels=labels,
                 build_args={**context.build_args, SERVE_ARG: url},
                 on_line=on_line,

@@ -35,10 +35,17 @@ from envbuild.core.models import (
     BuildContext,
     BuildOptions,
     Entry,
+    FrameworkImage,
     Lock,
     ServedInputs,
 )
-from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
+from envbuild.core.names import (
+    image_reference_problem,
+    index_url_problem,
+    redact_url,
+    shown,
+    split_tag,
+)
 from envbuild.core.resources import templates_dir
 from envbuild.core.versions import cuda_tag
 from envbuild.lock.lockfile import framework_part, pins
@@ -52,6 +59,8 @@ if TYPE_CHECKING:
 LOCK_NAME = "envbuild.lock"  # in the context; the image keeps it at /opt/venv/envbuild.lock
 # The lock's framework part, in the context: installed first, in layers of its own.
 FRAMEWORK_LOCK_NAME = "framework.lock"
+# The framework image's Dockerfile beside the entry's, in a context written for review.
+FRAMEWORK_DOCKERFILE = "framework.Dockerfile"
 # The CUDA libraries as wheels (torch's, JAX's and TensorFlow's nvidia-*-cu12 and -cu13): when a
 # lock pins them, they are installed in a layer of their own (templates/partials/install.j2).
 CUDA_LIBRARIES = "nvidia-*"
@@ -193,12 +202,13 @@ def check_lock(lock: Lock) -> None:
             raise BadInput(msg)
 
 
-def _hash(base_id: str, dockerfile: str, lock: Lock, installer: bytes) -> str:
-    """What names the image: the base, the Dockerfile, the lock and the installer. Never the
-    CA bundle or the index settings (how to reach a package, not what is installed) nor the
-    wheelhouse (the lock's hashes already fix every file the image gets)."""
+def _hash(base_id: str, *parts: str | bytes) -> str:
+    """What names an image: the base and every text and file it is built from (the Dockerfiles,
+    the lock, the installer). Never the CA bundle or the index settings (how to reach a package,
+    not what is installed) nor the wheelhouse (the lock's hashes already fix every file the
+    image gets)."""
     digest = hashlib.sha256()
-    for part in (f"base {base_id}", dockerfile, lock.text, installer):
+    for part in (f"base {base_id}", *parts):
         data = part.encode() if isinstance(part, str) else part
         digest.update(f"{len(data)}\n".encode())
         digest.update(data)
@@ -255,10 +265,18 @@ def render_entry(
         "epoch": EPOCH,
     }
     environment = _environment()
-    dockerfile = environment.get_template("Dockerfile.j2").render(values)
+    base_id = base.image_id if base else base_image
+    installer = INSTALLER.read_bytes()
+    image = None
+    if framework:
+        text = environment.get_template("framework.j2").render(values)
+        image = framework_image(entry, text, framework, _hash(base_id, text, framework, installer))
+    dockerfile = environment.get_template("Dockerfile.j2").render(
+        {**values, "framework_image": image}
+    )
     runtime_stage = environment.get_template("runtime.j2").render(values)
     content_hash = _hash(
-        base.image_id if base else base_image, dockerfile, lock, INSTALLER.read_bytes()
+        base_id, image.dockerfile if image else "", dockerfile, lock.text, installer
     )
     return BuildContext(
         entry=entry,
@@ -275,6 +293,24 @@ def render_entry(
         served=served,
         builder=options.builder,
         framework_lock=framework,
+        framework_image=image,
+    )
+
+
+def framework_image(entry: Entry, dockerfile: str, lock: str, key: str) -> FrameworkImage:
+    """The framework image of `key` (the hash of its base's id, `dockerfile`, `lock` and the
+    installer), named in the repository of the entry's image, `<repository>/framework`, by the
+    framework's pinned version and the key."""
+    version = pins(lock).get(entry.framework, entry.framework_version)
+    title = f"{entry.framework} {version}"
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{entry.framework}-{version}")[:60]
+    repository, _ = split_tag(entry.image)
+    return FrameworkImage(
+        key=key,
+        ref=f"{repository}/framework:{readable}-{key[:32]}",
+        dockerfile=dockerfile,
+        lock=lock,
+        title=title,
     )
 
 
@@ -377,8 +413,9 @@ def _new_file(parent: int, name: str) -> int:
 
 
 def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
-    """Lay the build context out in `root`/`name`: the Dockerfile, envbuild.lock and the
-    installer; return that folder. Nothing secret is in it (see `BuildContext.served`).
+    """Lay the build context out in `root`/`name`: the Dockerfile, envbuild.lock, the installer
+    and, for a lock with a framework part, framework.lock and the framework image's Dockerfile;
+    return that folder. Nothing secret is in it (see `BuildContext.served`).
 
     Nothing below `root` is followed: links found there are replaced by real folders and
     files, so a planted link cannot make envbuild write elsewhere. Files are copies.
@@ -399,6 +436,8 @@ def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
             texts[LOCK_NAME] = context.lock.text
         if context.framework_lock:
             texts[FRAMEWORK_LOCK_NAME] = context.framework_lock
+        if context.framework_image is not None:
+            texts[FRAMEWORK_DOCKERFILE] = context.framework_image.dockerfile
         for filename, text in texts.items():
             with os.fdopen(_new_file(top, filename), "w", encoding="utf-8") as handle:
                 handle.write(text)

@@ -21,6 +21,9 @@ LOCK_DIGEST = PREFIX + "lock-digest"
 VERSION = PREFIX + "version"  # the envbuild that built the image
 # The platform the image is for (linux/amd64, linux/arm64), beside what its config records.
 PLATFORM = PREFIX + "platform"
+# On a framework image (templates/framework.j2): its key, the sha256 of what decides its bytes;
+# inherited by the entries' images built FROM it, so each names the framework it holds.
+FRAMEWORK_KEY = PREFIX + "framework-key"
 # The image's content hash; inherited by images built FROM it.
 CONTENT_HASH = PREFIX + "content-hash"
 # The uid:gid the image runs as ("1000:1000", or "0:0" for a matrix's `user: root`): the smoke

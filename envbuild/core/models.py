@@ -400,6 +400,24 @@ class ServedInputs:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FrameworkImage:
+    """The image an entry is built FROM when its lock has a framework part: the OS, Python, the
+    image's user and that part (templates/framework.j2), one per key, shared by every entry
+    with that key."""
+
+    key: str  # sha256 hex of what decides its bytes (render.framework_key)
+    ref: str  # <repository>/framework:<framework>-<version>-<key prefix>, on every engine
+    dockerfile: str
+    lock: str  # the lock's framework part: what the image must hold, exactly
+    title: str  # "torch 2.4.1+cu121", as progress and reports name it
+
+    @property
+    def short(self) -> str:
+        """The key as people read it."""
+        return self.key[:12]
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuildContext:
     """A rendered Dockerfile, the files it copies, and the hash that names the result."""
 
@@ -418,6 +436,7 @@ class BuildContext:
     # The lock's framework part (lockfile.framework_part), written as framework.lock and installed
     # in layers below the rest; "" when the whole lock is one install.
     framework_lock: str = ""
+    framework_image: FrameworkImage | None = None  # what the Dockerfile is built FROM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -431,3 +450,4 @@ class BuiltImage:
     log_path: Path | None
     seconds: float
     tag_restored_from: str | None = None  # the image the entry's tag had been moved to
+    framework: str = ""  # how its framework image was had: "framework torch … (key …): built"

@@ -122,6 +122,8 @@ class EntryResult:
                 "tags": list(self.image.tags),
                 "log": str(self.image.log_path) if self.image.log_path else None,
                 "seconds": round(self.image.seconds, 3),
+                # How its framework image was had, by key: "framework torch … (key …): built …"
+                "framework": self.image.framework or None,
             }
         return {
             "entry": self.entry.as_dict(),

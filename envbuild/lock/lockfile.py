@@ -129,11 +129,12 @@ _VIA_MORE = re.compile(r"^\s+#   ([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 def framework_part(text: str) -> str:
     """The lock's framework part: the requirement blocks (pin, hashes, annotations), in the
     lock's order, of the framework its header names and of everything that pulls in, by the
-    lock's `# via` annotations. "" when there is nothing to split off: no framework named, no
-    annotations, or every pin is the framework's.
+    lock's `# via` annotations; the whole lock when every pin is the framework's. "" when there
+    is no part to tell: no framework named, or no annotations.
 
-    The image installs this part first, in layers of its own, so that a change to the team's
-    packages leaves them (and the builder's cache of them) as they were."""
+    This part is the entry's framework image (templates/framework.j2), which the image is built
+    FROM, so that a change to the team's packages leaves its layers as they were, and entries
+    with the same part (the same framework image key) share them."""
     recorded = dict(_INPUT.findall(text))
     try:
         root = canonicalize_name(Requirement(json.loads(recorded["framework"])).name)
@@ -166,8 +167,6 @@ def framework_part(text: str) -> str:
             if child not in part and of & part:
                 part.add(child)
                 grown = True
-    if len(part) == len(blocks):
-        return ""
     return "".join(line for child, lines in blocks.items() if child in part for line in lines)
 
 

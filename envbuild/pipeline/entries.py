@@ -33,7 +33,7 @@ from envbuild.engine.interface import Engine, choose_builder
 from envbuild.engine.interface import connect as connect_engine
 from envbuild.host.emulation import platform_problem
 from envbuild.publish.signing import SignatureError, Subject, verify_image
-from envbuild.publish.verify import Target, entry_target, published_already
+from envbuild.publish.verify import Target, entry_target, framework_target, published_already
 from envbuild.registry import RegistryClient
 from envbuild.smoke.static import fleet_refusal
 from envbuild.smoke.vet import smoke_image
@@ -317,9 +317,19 @@ def _build_and_smoke(
         if text.startswith("Step "):
             on_event(Event(entry_id=entry.id, state="step", detail=text.split(" :", 1)[0][5:]))
 
+    def note(text: str) -> None:
+        on_event(Event(entry_id=entry.id, state="building", detail=text))
+
+    framework = context.framework_image
     built = build_entry(
-        engine, context, store=store, on_line=line, no_cache=run.no_cache, proxy=proxy
-    )
+        engine, context, store=store, on_line=line, on_note=note, no_cache=run.no_cache,
+        proxy=proxy,
+        framework_from=(
+            framework_target(run.push_registry, framework.ref).reference
+            if framework is not None and run.push_registry
+            else None
+        ),
+    )  # fmt: skip
     if not built.built:
         detail = "same content hash exists: not rebuilt"
         if built.tag_restored_from is not None:

@@ -32,7 +32,13 @@ from envbuild.publish.platform_index import (
 from envbuild.publish.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from envbuild.publish.sbom import SBOM, dpkg_packages, lock_packages, sbom_document
 from envbuild.publish.signing import Subject, sign_image
-from envbuild.publish.verify import Target, held_digest, split_registry, target
+from envbuild.publish.verify import (
+    Target,
+    framework_target,
+    held_digest,
+    split_registry,
+    target,
+)
 from envbuild.registry import RegistryClient
 from envbuild.report.documents import write_json
 from envbuild.smoke.static import fleet_refusal
@@ -326,6 +332,11 @@ def publish_image(
         if signing_key is not None:
             results += _sign(engine, client, Subject(host=host, repository=repository, digest=held),
                              signing_key, store, item, record.report, sbom)  # fmt: skip
+        framework = _framework_of(engine, store, item.image_id)
+        if framework is not None:
+            results.append(
+                _push_framework(engine, client, store, framework, registry, auth, on_line)
+            )
         for tag in item.moving:
             reference = f"{host}/{repository}:{tag}"
             moved = engine.push(item.image_id, reference, auth_config=auth, on_line=on_line)
@@ -335,6 +346,48 @@ def publish_image(
             store.record_published(item.image_id, reference, held)
             results.append(Published(reference=reference, digest=held, kind="moving"))
     return results
+
+
+def _framework_of(engine: Engine, store: ResultStore, image_id: str) -> tuple[str, str] | None:
+    """(id, local reference) of the framework image envbuild built or checked here that the
+    image stands on (its key label, and its layers the lowest of the image's), or None."""
+    image = engine.image(image_id)
+    key = image.labels.get(label_keys.FRAMEWORK_KEY) if image is not None else None
+    if image is None or key is None:
+        return None
+    for record in store.built_images(key):
+        found = engine.image(record.image_id)
+        if (
+            found is not None
+            and found.labels.get(label_keys.FRAMEWORK_KEY) == key
+            and found.layers
+            and image.layers[: len(found.layers)] == found.layers
+        ):
+            return found.id, record.image_ref
+    return None
+
+
+def _push_framework(
+    engine: Engine,
+    client: RegistryClient,
+    store: ResultStore,
+    framework: tuple[str, str],
+    registry: str,
+    auth: dict[str, str] | None,
+    on_line: Callable[[str], None],
+) -> Published:
+    """Push the framework image an image stands on beside it, so that a build elsewhere takes it
+    from the registry (by its key) instead of building it; its layers are the image's, pushed
+    already, so this uploads its manifest and config alone."""
+    image_id, local = framework
+    where = framework_target(registry, local)
+    pushed = engine.push(image_id, where.reference, auth_config=auth, on_line=on_line)
+    held = client.manifest_digest(where.repository, where.tag)
+    if held != pushed:
+        msg = f"{where.reference}: the registry holds {held}, not the {pushed} just pushed"
+        raise EnvbuildError(msg)
+    store.record_published(image_id, where.reference, held)
+    return Published(reference=where.reference, digest=held, kind="framework")
 
 
 def _vetted(

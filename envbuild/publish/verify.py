@@ -61,6 +61,17 @@ def target(registry: str, name: str, tag: str, content_hash: str) -> Target:
     )
 
 
+def framework_target(registry: str, local_ref: str) -> Target:
+    """Where a framework image (local `<repository>/framework:<tag>`) goes: the registry's one
+    `framework` repository under its prefix, whichever team's entries stand on it, so that every
+    build that needs its key finds it there; under its own tag (`torch-2.13.0-cpu-<key>`), which
+    its key makes immutable already."""
+    _, tag = split_tag(local_ref)
+    host, prefix = split_registry(registry)
+    repository = f"{prefix}/framework" if prefix else "framework"
+    return Target(host=host, repository=repository, tag=tag or "", immutable=tag or "")
+
+
 def entry_target(registry: str, image_ref: str, content_hash: str) -> Target:
     """The target of an entry's image, named by its local reference (envbuild/torch:TAG)."""
     path, tag = split_tag(image_ref)

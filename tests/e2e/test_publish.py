@@ -270,7 +270,9 @@ def test_build_push_of_an_unchanged_entry_builds_nothing_the_second_time(
     assert first.returncode == 0, first.stderr[-3000:]
     assert "immutable" in first.stdout
     pushed = repositories(server, "nightly")
-    assert pushed == ["nightly/torch"]
+    # The image, and beside it the framework image it stands on (its layers pushed once).
+    assert pushed == ["nightly/framework", "nightly/torch"]
+    assert f"framework {registry}/framework:torch-2.13.0-cpu-" in first.stdout
 
     again = envbuild(*args[:-1], str(tmp_path / "again.json"), "--push", registry)
     assert again.returncode == 0, again.stderr[-3000:]

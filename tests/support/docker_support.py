@@ -166,6 +166,7 @@ def _remove_test_images(client: docker.DockerClient) -> None:
                 print(f"could not remove test image {image.short_id}: {exc}")
     client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=builder"})
     client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=install"})
+    client.images.prune(filters={"dangling": True, "label": "org.envbuild.stage=framework"})
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -147,10 +147,13 @@ def test_golden_dockerfiles(knowledge: Knowledge, tmp_path: Path, name: str) -> 
         chosen = dataclasses.replace(chosen, user="root")
     lock = {"cuda-libraries": CUDA_LOCK}.get(kind, ANNOTATED_LOCK if "framework" in kind else LOCK)
     context = render_entry(chosen, options_for(kind, tmp_path), probe, lock)
-    golden = GOLDEN / f"{name}.Dockerfile"
-    if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
-        golden.write_text(context.dockerfile)
-    assert context.dockerfile == golden.read_text()
+    texts = {GOLDEN / f"{name}.Dockerfile": context.dockerfile}
+    if context.framework_image is not None:  # the image the entry's Dockerfile is built FROM
+        texts[GOLDEN / f"{name}.framework.Dockerfile"] = context.framework_image.dockerfile
+    for golden, text in texts.items():
+        if os.environ.get("ENVBUILD_UPDATE_GOLDEN"):
+            golden.write_text(text)
+        assert text == golden.read_text()
     result = subprocess.run([hadolint(), str(golden)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -162,12 +165,19 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     assert pins(context.framework_lock) == {
         "filelock": "3.0.0", "nvidia-cublas-cu12": "12.1.3.1", "torch": "2.4.1", "triton": "3.0.0",
     }  # fmt: skip
-    lines = context.dockerfile.splitlines()
-    steps = [line for line in lines if line.startswith(("RUN", "COPY"))]
+    framework = context.framework_image
+    assert framework is not None
+    assert framework.lock == context.framework_lock
+    # The entry is built FROM its framework image: the OS, Python and the framework's layers.
+    assert framework.ref.startswith("envbuild/torch/framework:torch-2.4.1-")
+    assert framework.ref.endswith(framework.key[:32])
+    assert f"\nFROM {framework.ref}\n" in context.dockerfile
+    lines = framework.dockerfile.splitlines() + context.dockerfile.splitlines()
     installs = [line for line in lines if "python3 /install_env.py" in line]
     assert len(installs) == 3  # the CUDA libraries, the rest of the framework, the team's
-    assert "COPY install_env.py framework.lock /" in steps
-    assert "COPY envbuild.lock /" in steps
+    assert "COPY install_env.py framework.lock /" in framework.dockerfile.splitlines()
+    assert "COPY envbuild.lock /" in context.dockerfile.splitlines()
+    assert "/framework.lock" not in context.dockerfile.split("rm -f")[0]
     # A link planted where framework.lock goes is replaced, never followed.
     sentinel = tmp_path / "sentinel"
     sentinel.write_text("untouched\n")
@@ -180,13 +190,22 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     # COPY keeps a file's time: the context's are fixed, so the COPY layer is the same bytes on
     # every build of this lock; every install step clamps what it changed to the same time, and
     # the image's user is dated by it, not by the day of the build.
-    for name in ("Dockerfile", "framework.lock", "envbuild.lock", "install_env.py"):
+    names = (
+        "Dockerfile",
+        "framework.Dockerfile",
+        "framework.lock",
+        "envbuild.lock",
+        "install_env.py",
+    )
+    for name in names:
         assert (folder / name).stat().st_mtime == EPOCH, name
+    assert (folder / "framework.Dockerfile").read_text() == framework.dockerfile
     assert all(f"install_env.py --epoch {EPOCH} " in line for line in installs)
-    assert f"SOURCE_DATE_EPOCH={EPOCH} useradd " in context.dockerfile
+    assert f"SOURCE_DATE_EPOCH={EPOCH} useradd " in framework.dockerfile
     # Without annotations (a lock written by hand) the lock is one install, as before.
     plain = render_entry(entry(knowledge, "2.4.1", "12.1"), BuildOptions(), None, CUDA_LOCK)
     assert plain.framework_lock == ""
+    assert plain.framework_image is None
     assert "framework.lock" not in plain.dockerfile
 
 
@@ -215,7 +234,9 @@ def test_with_buildkit_the_frameworks_runs_bind_its_wheels_alone(
     assert laid(INPUTS_DIR) == set(names[:3])
     for inputs in (FRAMEWORK_INPUTS_DIR, INPUTS_DIR):
         assert (folder / inputs / "uv").is_file()
-    assert f"source={FRAMEWORK_INPUTS_DIR}," in context.dockerfile
+    assert context.framework_image is not None
+    assert f"source={FRAMEWORK_INPUTS_DIR}," in context.framework_image.dockerfile
+    assert f"source={FRAMEWORK_INPUTS_DIR}," not in context.dockerfile
 
 
 def test_credentials_reach_neither_the_dockerfile_nor_a_build_arg_nor_the_context(
