@@ -12,7 +12,8 @@ from PyPI through the CA bundle, as the tests do): team A with `six==1.16.0`, te
 (`--builder`, the classic one unless told), one after the other on the same engine:
 
 - layered: the locks as `envbuild lock` writes them, whose `# via` annotations give the
-  framework's part its own layers below the team's packages (templates/partials/install.j2);
+  framework's part its own image, the framework image (templates/framework.j2), built once per
+  key and found again by it, with the team's packages above it;
 - one layer: the same locks without their annotations (as a lock written by hand), installed
   in one RUN, as every envbuild image was before.
 
@@ -64,6 +65,7 @@ def forget() -> None:
     """Remove this benchmark's images (the classic builder's cache is their layers)."""
     subprocess.run(
         ["sh", "-c", "docker images -q 'envbuild-bench/*' | sort -u | xargs -r docker rmi -f;"
+         " docker images -q 'envbuild/framework' | sort -u | xargs -r docker rmi -f;"
          " docker images -q '127.0.0.1:*/envbuild-bench/*' | sort -u | xargs -r docker rmi -f"],
         capture_output=True, check=False,
     )  # fmt: skip
@@ -195,7 +197,8 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-layers-") as tmp:
         work = Path(tmp)
-        env = {"XDG_CACHE_HOME": str(work / "cache")}
+        # A store of its own: no record of the user's builds makes a framework image found.
+        env = {"XDG_CACHE_HOME": str(work / "cache"), "XDG_DATA_HOME": str(work / "data")}
         os.environ.update(env)
         for team in TEAMS:
             path = matrix(work / "layered", team)

@@ -19,6 +19,7 @@ free_engine_disk() {  # $1: "images" to remove the test images too
   if [ "${1:-}" = images ]; then
     docker images -q --filter label=org.envbuild.test | sort -u | xargs -r docker rmi -f >/dev/null 2>&1 || true
     docker images -q 'envbuild-test/*' | sort -u | xargs -r docker rmi -f >/dev/null 2>&1 || true
+    docker images -q 'envbuild/framework' | sort -u | xargs -r docker rmi -f >/dev/null 2>&1 || true
   fi
   docker image prune -f >/dev/null || true
   docker builder prune -f --keep-storage 8GB >/dev/null || true

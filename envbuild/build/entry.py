@@ -462,7 +462,21 @@ def _build(
     network = not context.offline
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("context")) as tmp:
         if context.builder == BUILDKIT:
-            with kept_context(name or context.entry.id, Path(tmp)) as folder:
+            # A folder per content: BuildKit takes a file of the last context sent from the same
+            # path as unchanged when its size and time are (and the context's are fixed, EPOCH),
+            # so a lock or Dockerfile changed at the same size would be built stale.
+            identity = hashlib.sha256(
+                b"\0".join(
+                    text.encode()
+                    for text in (
+                        context.dockerfile,
+                        context.lock.text if context.lock else "",
+                        context.framework_lock,
+                        INSTALLER.read_text(encoding="utf-8"),
+                    )
+                )
+            ).hexdigest()
+            with kept_context(f"{name or context.entry.id} {identity}", Path(tmp)) as folder:
                 write_context(context, folder)
                 secrets = write_mounted(context, folder, Path(tmp) / "secrets")
                 return engine.build(

@@ -39,13 +39,7 @@ from envbuild.core.models import (
     Lock,
     ServedInputs,
 )
-from envbuild.core.names import (
-    image_reference_problem,
-    index_url_problem,
-    redact_url,
-    shown,
-    split_tag,
-)
+from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.core.resources import templates_dir
 from envbuild.core.versions import cuda_tag
 from envbuild.lock.lockfile import framework_part, pins
@@ -61,6 +55,8 @@ LOCK_NAME = "envbuild.lock"  # in the context; the image keeps it at /opt/venv/e
 FRAMEWORK_LOCK_NAME = "framework.lock"
 # The framework image's Dockerfile beside the entry's, in a context written for review.
 FRAMEWORK_DOCKERFILE = "framework.Dockerfile"
+# Where framework images are kept on an engine, tagged <framework>-<version>-<key prefix>.
+FRAMEWORK_REPOSITORY = "envbuild/framework"
 # The CUDA libraries as wheels (torch's, JAX's and TensorFlow's nvidia-*-cu12 and -cu13): when a
 # lock pins them, they are installed in a layer of their own (templates/partials/install.j2).
 CUDA_LIBRARIES = "nvidia-*"
@@ -299,15 +295,15 @@ def render_entry(
 
 def framework_image(entry: Entry, dockerfile: str, lock: str, key: str) -> FrameworkImage:
     """The framework image of `key` (the hash of its base's id, `dockerfile`, `lock` and the
-    installer), named in the repository of the entry's image, `<repository>/framework`, by the
-    framework's pinned version and the key."""
+    installer), named FRAMEWORK_REPOSITORY:<framework>-<version>-<key>: one name for every
+    entry with that key, whatever its repository, so that the entry's Dockerfile (its FROM),
+    and so its content hash, stay the same when only the repository it is tagged in differs."""
     version = pins(lock).get(entry.framework, entry.framework_version)
     title = f"{entry.framework} {version}"
     readable = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{entry.framework}-{version}")[:60]
-    repository, _ = split_tag(entry.image)
     return FrameworkImage(
         key=key,
-        ref=f"{repository}/framework:{readable}-{key[:32]}",
+        ref=f"{FRAMEWORK_REPOSITORY}:{readable}-{key[:32]}",
         dockerfile=dockerfile,
         lock=lock,
         title=title,

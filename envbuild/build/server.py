@@ -335,7 +335,12 @@ def write_mounted(context: BuildContext, folder: Path, secrets_dir: Path) -> dic
     the framework's RUNs bind); config.json and the CA bundle as files in `secrets_dir` (made
     0700). Return the secrets by id, for `docker build --secret`."""
     served = context.served
-    _lay_inputs(folder / INPUTS_DIR, served, pins(context.lock.text) if context.lock else None)
+    wanted = pins(context.lock.text) if context.lock else None
+    if wanted is not None and context.framework_image is not None:
+        # The entry's RUN stands on its framework image: it needs the team's wheels alone.
+        framework = pins(context.framework_lock)
+        wanted = {name: version for name, version in wanted.items() if name not in framework}
+    _lay_inputs(folder / INPUTS_DIR, served, wanted)
     if context.framework_lock:
         _lay_inputs(folder / FRAMEWORK_INPUTS_DIR, served, pins(context.framework_lock))
     inputs = folder / INPUTS_DIR

@@ -406,7 +406,7 @@ class FrameworkImage:
     with that key."""
 
     key: str  # sha256 hex of what decides its bytes (render.framework_key)
-    ref: str  # <repository>/framework:<framework>-<version>-<key prefix>, on every engine
+    ref: str  # envbuild/framework:<framework>-<version>-<key prefix>, on every engine
     dockerfile: str
     lock: str  # the lock's framework part: what the image must hold, exactly
     title: str  # "torch 2.4.1+cu121", as progress and reports name it

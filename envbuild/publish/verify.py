@@ -62,7 +62,7 @@ def target(registry: str, name: str, tag: str, content_hash: str) -> Target:
 
 
 def framework_target(registry: str, local_ref: str) -> Target:
-    """Where a framework image (local `<repository>/framework:<tag>`) goes: the registry's one
+    """Where a framework image (local `envbuild/framework:<tag>`) goes: the registry's one
     `framework` repository under its prefix, whichever team's entries stand on it, so that every
     build that needs its key finds it there; under its own tag (`torch-2.13.0-cpu-<key>`), which
     its key makes immutable already."""

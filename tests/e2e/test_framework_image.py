@@ -24,6 +24,9 @@ MATRIX = """\
 defaults:
   python: "3.11"
   os: bookworm
+  # root: a framework key of this test's own (the user is made in its first RUN), which it
+  # can take from the engine without taking the other lane's torch CPU framework image.
+  user: root
   repository: "envbuild-test/fw-{name}-{{framework}}"
   packages: [{packages}]
 axes:
@@ -60,13 +63,19 @@ def immutable(done: subprocess.CompletedProcess[str]) -> str:
     return found.group(1)
 
 
-def forget_local(docker_client: docker.DockerClient, registry: str = "") -> None:
-    """Untag every image of this test (`envbuild-test/fw-*`, and what it pushed to `registry`):
-    the engine holds them no more, as a node that never did. By tag, never by id: another
-    lane's entries may stand on the same framework image under their own tags."""
+def forget_local(
+    docker_client: docker.DockerClient, registry: str = "", framework: str = ""
+) -> None:
+    """Untag every image of this test (`envbuild-test/fw-*`, its framework image's tag
+    `framework`, and what it pushed to `registry`): the engine holds them no more, as a node
+    that never did. By tag, never by id."""
     for image in docker_client.images.list():
         for tag in image.tags:
-            if tag.startswith("envbuild-test/fw-") or (registry and tag.startswith(registry)):
+            if (
+                tag.startswith("envbuild-test/fw-")
+                or (framework and tag == f"envbuild/framework:{framework}")
+                or (registry and tag.startswith(registry))
+            ):
                 try:
                     docker_client.images.remove(tag)
                 except docker.errors.APIError as exc:  # a child of it is another lane's
@@ -117,7 +126,7 @@ def test_teams_share_one_framework_image_found_by_key_here_and_in_the_registry(
             assert pushed, first.stdout
             remote, framework_tag = pushed.groups()
             framework = layers(server, remote)
-            local = docker_client.images.get(f"envbuild-test/fw-a-torch/framework:{framework_tag}")
+            local = docker_client.images.get(f"envbuild/framework:{framework_tag}")
             key = local.labels["org.envbuild.framework-key"]
             assert framework_tag.endswith(key[:32])
             assert layers(server, immutable(first))[: len(framework)] == framework
@@ -130,14 +139,14 @@ def test_teams_share_one_framework_image_found_by_key_here_and_in_the_registry(
 
             # An engine and a store that hold neither the framework image nor a record of it:
             # A's bump takes it from the registry, checks it and stands on it.
-            forget_local(docker_client, server.host)
+            forget_local(docker_client, server.host, framework_tag)
             bumped = build("bumped", "two")
             assert f"): from the registry as {remote}, its distributions checked" in bumped.stderr
             assert layers(server, immutable(bumped))[: len(framework)] == framework
 
             # A framework image pushed by hand under the right tag, with the key's label but
             # not its distributions, is refused in one line and built again, never used.
-            forget_local(docker_client, server.host)
+            forget_local(docker_client, server.host, framework_tag)
             docker_client.images.build(
                 fileobj=io.BytesIO(
                     f'FROM {base_image}\nLABEL org.envbuild.framework-key="{key}" '

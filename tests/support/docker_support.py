@@ -145,10 +145,12 @@ def _read_count(path: Path) -> int:
 
 
 def _remove_test_images(client: docker.DockerClient) -> None:
+    # The tests' framework images too (envbuild/framework, one name on an engine for every key).
+    ours = ("envbuild-test/", "envbuild/framework:")
     for image in client.images.list():
-        if any(tag.startswith("envbuild-test/") for tag in image.tags):
+        if any(tag.startswith(ours) for tag in image.tags):
             for tag in image.tags:
-                if tag.startswith("envbuild-test/"):
+                if tag.startswith(ours):
                     client.images.remove(tag, force=True)
     for image in client.images.list(filters={"label": TEST_LABEL}):
         try:

@@ -2,7 +2,7 @@
 # torch 2.4.1 (CUDA 12.1, cu121), Python 3.11, bookworm.
 # The framework image (framework.Dockerfile, key 5db17124aa34): the OS, Python and the
 # lock's framework part, built once per key and shared by every entry with that key.
-FROM envbuild/torch/framework:torch-2.4.1-5db17124aa341f841abebc5d48b4421b
+FROM envbuild/framework:torch-2.4.1-5db17124aa341f841abebc5d48b4421b
 COPY envbuild.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"

@@ -2,7 +2,7 @@
 # torch 2.4.1 (CUDA 12.1, cu121), Python 3.11, bookworm.
 # The framework image (framework.Dockerfile, key 919a62bd26e7): the OS, Python and the
 # lock's framework part, built once per key and shared by every entry with that key.
-FROM envbuild/torch/framework:torch-2.4.1-919a62bd26e7686874ca6e78d5f75be8
+FROM envbuild/framework:torch-2.4.1-919a62bd26e7686874ca6e78d5f75be8
 COPY envbuild.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
