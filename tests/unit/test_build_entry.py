@@ -49,17 +49,6 @@ def test_the_protocol_covers_what_envbuild_asks_of_an_engine() -> None:
     )
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ResultStore:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # build logs
-    return ResultStore(tmp_path / "results.sqlite3")
-
-
-@pytest.fixture
-def double() -> InMemoryEngine:
-    return InMemoryEngine()
-
-
 def context_for(
     double: InMemoryEngine, knowledge: Knowledge, options: BuildOptions | None = None
 ) -> BuildContext:

@@ -9,14 +9,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import threading
-from pathlib import Path
 
 import pytest
 
 from envbuild.build.entry import build_entry, prepare
 from envbuild.core import labels
 from envbuild.core.errors import BuildFailed
-from envbuild.core.models import BuildContext, BuildOptions, Entry, Knowledge, Lock, Selection
+from envbuild.core.models import (
+    BuildContext,
+    BuildOptions,
+    Entry,
+    FrameworkImage,
+    Knowledge,
+    Lock,
+    Selection,
+)
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import RunResult
 from envbuild.plan.matrix import default_matrix_path, load_matrix, make_plan
@@ -38,17 +45,6 @@ def lock_with(entry: Entry, *team: str) -> Lock:
     return Lock(entry_id=entry.id, text=text)
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ResultStore:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # build logs
-    return ResultStore(tmp_path / "results.sqlite3")
-
-
-@pytest.fixture
-def double() -> InMemoryEngine:
-    return InMemoryEngine()
-
-
 def context_for(
     double: InMemoryEngine, knowledge: Knowledge, *team: str, image: str = ""
 ) -> BuildContext:
@@ -59,6 +55,12 @@ def context_for(
     if entry.base_image not in double.bases:
         double.add_base(entry.base_image, python=entry.python)
     return prepare(double, knowledge, entry, BuildOptions(), None, lock_with(entry, *team))
+
+
+def framework_of(context: BuildContext) -> FrameworkImage:
+    """The framework image the context's entry is built FROM (its lock has a framework part)."""
+    assert context.framework_image is not None
+    return context.framework_image
 
 
 def listing(*pins: str) -> RunResult:
@@ -127,8 +129,7 @@ def test_an_image_under_the_reference_with_the_keys_distributions_is_used(
     double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
 ) -> None:
     context = context_for(double, knowledge, "six==1.16.0")
-    wanted = context.framework_image
-    assert wanted is not None
+    wanted = framework_of(context)
     # As a pull from the registry, or a load of another machine's build, would leave it.
     loaded = double.add_image(
         "loaded", tags=(wanted.ref,), labels={labels.FRAMEWORK_KEY: wanted.key}
@@ -167,8 +168,7 @@ def test_an_image_under_the_reference_that_is_not_the_keys_is_refused_and_rebuil
     said: str,
 ) -> None:
     context = context_for(double, knowledge, "six==1.16.0")
-    wanted = context.framework_image
-    assert wanted is not None
+    wanted = framework_of(context)
     given = {} if key is None else {labels.FRAMEWORK_KEY: wanted.key if key == "right" else key}
     planted = double.add_image("pushed by hand", tags=(wanted.ref,), labels=given)
     if listed == "unstartable":  # no /opt/venv/bin/python in it: the engine cannot start it
@@ -193,8 +193,7 @@ def test_a_framework_image_moved_during_the_build_fails_it(
     double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
 ) -> None:
     context = context_for(double, knowledge, "six==1.16.0")
-    wanted = context.framework_image
-    assert wanted is not None
+    wanted = framework_of(context)
     moved = threading.Event()
 
     def retag(arguments: dict[str, str]) -> None:
@@ -235,8 +234,7 @@ def test_a_framework_image_in_the_registry_is_pulled_checked_and_used(
     double: InMemoryEngine, knowledge: Knowledge, store: ResultStore
 ) -> None:
     context = context_for(double, knowledge, "six==1.16.0")
-    wanted = context.framework_image
-    assert wanted is not None
+    wanted = framework_of(context)
     remote = REMOTE + wanted.ref.rpartition(":")[2]
     held = remote_image(wanted.key)
     double.remote[remote] = held
@@ -275,8 +273,7 @@ def test_a_framework_image_the_registry_cannot_give_as_the_key_is_built_here(
     said: str,
 ) -> None:
     context = context_for(double, knowledge, "six==1.16.0")
-    wanted = context.framework_image
-    assert wanted is not None
+    wanted = framework_of(context)
     remote = REMOTE + wanted.ref.rpartition(":")[2]
     held = remote_image(wanted.key)
     double.remote[remote] = held if reachable else None

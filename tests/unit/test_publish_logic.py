@@ -4,7 +4,6 @@ vetted, and which moving tags each entry gets. The push itself is proven in test
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 
@@ -20,17 +19,6 @@ from tests.support.lock_support import placeholder_lock
 
 # Port 9 (discard) refuses connections: reaching the registry would fail differently.
 REGISTRY = "127.0.0.1:9/team"
-
-
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ResultStore:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # build logs
-    return ResultStore(tmp_path / "results.sqlite3")
-
-
-@pytest.fixture
-def double() -> InMemoryEngine:
-    return InMemoryEngine()
 
 
 def entry_of(knowledge: Knowledge, framework: str, version: str, cuda: str = "cpu") -> Entry:
