@@ -262,8 +262,11 @@ class DockerEngine:
         if request.method == "POST" and _LONG_STREAMS.fullmatch(path):
             _wait_as_long_as_it_runs(response)
         elif logs and response.ok:
-            response._content = _bounded_log(response)  # read bounded, once, before docker-py does
-            response._content_consumed = True  # type: ignore[attr-defined]
+            # Read bounded, once, before docker-py does; a client wrapped by two engines (two
+            # DockerEngine of one docker-py client) has it read by the inner one already.
+            if not getattr(response, "_content_consumed", False):
+                response._content = _bounded_log(response)
+                response._content_consumed = True  # type: ignore[attr-defined]
             try:
                 _check_log_frames(response.content)
             except _NotTheApi as exc:

@@ -233,3 +233,20 @@ def test_what_a_container_prints_is_kept_up_to_a_bound(engine: Engine, base_imag
     note = f"\n[envbuild: output cut at {RUN_OUTPUT_MAX} bytes]\n"
     assert result.stdout == "\0" * RUN_OUTPUT_MAX + note
     assert result.stderr == "done\n"
+
+
+def test_a_client_two_engines_wrap_still_reads_what_a_container_prints(
+    docker_client: docker.DockerClient, base_image: str
+) -> None:
+    """Each DockerEngine wraps its docker-py client's requests; the tests (and a caller) may make
+    two of one client: the log answer is read once, by the innermost, and handed on whole."""
+    DockerEngine(docker_client)
+    outer = DockerEngine(docker_client)
+    result = outer.run(base_image, ["sh", "-c", "echo out; echo err >&2"], timeout=60)
+    assert (result.stdout, result.stderr) == ("out\n", "err\n")
+    frames = docker_client.containers.run(base_image, ["echo", "plain"], detach=True)
+    try:
+        frames.wait(timeout=60)
+        assert frames.logs() == b"plain\n"
+    finally:
+        frames.remove(force=True)
