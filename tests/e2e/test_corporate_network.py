@@ -297,7 +297,7 @@ def test_an_index_that_refuses_the_token_fails_in_one_line_naming_the_index(
     build = envbuild(
         "build", "-m", str(team.matrix), "--locked", *team.fetch(token=wrong),
         "--base-image", team.base_image, "--repository", "envbuild-test/corp-refused-{framework}",
-        "--no-smoke", env=team.env, timeout=600,
+        "--no-smoke", "--no-cache", env=team.env, timeout=600,  # its framework image too
     )  # fmt: skip
     assert build.returncode == 1, build.stderr[-2000:]
     failure = [line for line in build.stderr.splitlines() if line.startswith("FAILED ")]
@@ -323,6 +323,7 @@ def test_the_proxy_killed_mid_install_fails_the_build_cleanly_and_the_rerun_buil
     args = [
         "build", "-m", str(team.matrix), "--locked", *team.fetch(proxy=corp.proxy_as(SLOW_PROXY_USER)),
         "--base-image", team.base_image, "--repository", repository, "--no-smoke",
+        "--no-cache",  # its framework image too: the install that downloads torch runs again
     ]  # fmt: skip
     forget_team_image(team, docker_client)
     log = team.folder / "cache" / "envbuild" / "logs" / f"{ENTRY}.log"
