@@ -370,7 +370,8 @@ def framework_problem(engine: Engine, wanted: FrameworkImage, found: ImageInfo) 
     changes = pin_changes(locked, installed)
     if changes:
         more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
-        return f"its distributions differ from framework.lock: {', '.join(changes[:3])}{more}"
+        shown_changes = ", ".join(printable(change, 120) for change in changes[:3])
+        return f"its distributions differ from framework.lock: {shown_changes}{more}"
     return None
 
 
