@@ -277,8 +277,11 @@ def have_framework(
                 if wanted.ref not in found.tags:
                     engine.tag(found.id, wanted.ref)
                 return found, f"{name}: built before on this engine"
-            for where, how in _framework_sources(engine, context, remote):
-                candidate = how()
+            for where in (wanted.ref, remote):
+                if where is None:
+                    continue
+                local = where == wanted.ref
+                candidate = engine.image(where) if local else _pull(engine, context, where)
                 if isinstance(candidate, str):
                     refused += f"{where} {candidate}; "
                     continue
@@ -289,7 +292,7 @@ def have_framework(
                     if wanted.ref not in candidate.tags:
                         engine.tag(candidate.id, wanted.ref)
                     store.record_built(wanted.key, name, wanted.ref, candidate.id)
-                    said = "from the registry" if where == remote else "found"
+                    said = "found" if local else "from the registry"
                     return candidate, f"{name}: {said} as {where}, its distributions checked"
                 refused += f"{where} refused ({problem}); "
             if refused:
@@ -312,29 +315,17 @@ def have_framework(
         return built, f"{name}: {refused}built in {time.monotonic() - start:.1f} s"
 
 
-def _framework_sources(
-    engine: Engine, context: BuildContext, remote: str | None
-) -> list[tuple[str, Callable[[], ImageInfo | str | None]]]:
-    """Where a framework image not built here may be had, in turn: under its reference on this
-    engine, then pulled from `remote`; each gives the image, None (not there) or why it failed."""
-    wanted = context.framework_image
-    assert wanted is not None
-    sources: list[tuple[str, Callable[[], ImageInfo | str | None]]] = [
-        (wanted.ref, lambda: engine.image(wanted.ref))
-    ]
-    if remote is not None:
-
-        def pull() -> ImageInfo | str | None:
-            host = remote.partition("/")[0]
-            try:
-                return engine.pull(
-                    remote, platform=context.entry.platform, auth_config=docker_auth_config(host)
-                )
-            except EnvbuildError as exc:
-                return f"not pulled ({exc.message})"
-
-        sources.append((remote, pull))
-    return sources
+def _pull(engine: Engine, context: BuildContext, remote: str) -> ImageInfo | str | None:
+    """The framework image pulled from `remote` (host/repository:tag), None where the registry
+    has no such tag, or why the pull failed."""
+    try:
+        return engine.pull(
+            remote,
+            platform=context.entry.platform,
+            auth_config=docker_auth_config(remote.partition("/")[0]),
+        )
+    except EnvbuildError as exc:
+        return f"not pulled ({exc.message})"
 
 
 def framework_problem(engine: Engine, wanted: FrameworkImage, found: ImageInfo) -> str | None:
