@@ -110,7 +110,10 @@ def test_packages_are_locked_and_the_image_installs_exactly_the_lock(
     assert second.id != first.id  # really built again
     assert second.labels["org.envbuild.content-hash"] == first.labels["org.envbuild.content-hash"]
     assert output_of(docker_client, IMAGE, freeze, network_mode="none") == frozen
-    docker_client.images.remove(first.id, force=True)
+    # Not its parents: with --no-cache the framework image was built again and its tag moved, so
+    # the old chain is untagged down to the OS + Python stage, which another lane's build may be
+    # about to find in its cache (test_matrix_cpu checks it does). The session's end prunes them.
+    docker_client.images.remove(first.id, force=True, noprune=True)
 
     # The matrix asks for another package: its lock is stale, and --locked refuses to build.
     matrix(tmp_path, "team", "six, tqdm")
