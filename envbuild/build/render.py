@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import os
 import re
@@ -42,7 +41,7 @@ from envbuild.core.models import (
 from envbuild.core.names import image_reference_problem, index_url_problem, redact_url, shown
 from envbuild.core.resources import templates_dir
 from envbuild.core.versions import cuda_tag
-from envbuild.lock.lockfile import framework_part, pins
+from envbuild.lock.lockfile import cuda_part, framework_part, pins
 from envbuild.lock.wheelhouse import framework_index as framework_from
 from envbuild.lock.wheelhouse import has_framework_wheel, wheelhouse_files
 from envbuild.payload import install_env
@@ -58,8 +57,10 @@ FRAMEWORK_DOCKERFILE = "framework.Dockerfile"
 # Where framework images are kept on an engine, tagged <framework>-<version>-<key prefix>.
 FRAMEWORK_REPOSITORY = "envbuild/framework"
 # The CUDA libraries as wheels (torch's, JAX's and TensorFlow's nvidia-*-cu12 and -cu13): when a
-# lock pins them, they are installed in a layer of their own (templates/partials/install.j2).
+# lock pins them, they are installed in a layer of their own, lowest, from their own lock file
+# (templates/partials/install.j2), so that framework releases pinning the same ones share it.
 CUDA_LIBRARIES = "nvidia-*"
+CUDA_LOCK_NAME = "cuda.lock"
 INSTALLER_NAME = "install_env.py"
 INSTALLER = Path(__file__).resolve().parents[1] / "payload" / INSTALLER_NAME
 LOCK_MAX_BYTES = 16 * 1024 * 1024
@@ -236,6 +237,9 @@ def render_entry(
         raise BadInput(msg)
     framework_index = framework_from(entry, options)
     framework = framework_part(lock.text)
+    # What the first install step installs (the framework part, or the whole lock): its CUDA
+    # libraries go below it.
+    cuda = cuda_part(framework or lock.text, CUDA_LIBRARIES)
     extra_index_urls = options.extra_index_urls + ((framework_index,) if framework_index else ())
     served = ServedInputs(
         ca_bundle=ca_bundle,
@@ -255,7 +259,8 @@ def render_entry(
         # torch's DataLoader workers hand batches over through /dev/shm.
         "run_shm_size": labels.TORCH_SHM_SIZE if entry.framework == "torch" else "",
         "user": _user_values(entry),
-        "cuda_libraries": CUDA_LIBRARIES if _pins_matching(lock, CUDA_LIBRARIES) else None,
+        "cuda_libraries": CUDA_LIBRARIES if cuda else None,
+        "cuda_lock": CUDA_LOCK_NAME,
         "buildkit": _buildkit_values() if options.builder == BUILDKIT else None,
         "framework_lock": FRAMEWORK_LOCK_NAME if framework else None,
         "epoch": EPOCH,
@@ -290,6 +295,7 @@ def render_entry(
         builder=options.builder,
         framework_lock=framework,
         framework_image=image,
+        cuda_lock=cuda,
     )
 
 
@@ -328,11 +334,6 @@ def _buildkit_values() -> dict[str, str]:
         "mounts": mounts(INPUTS_DIR),
         "framework_mounts": mounts(FRAMEWORK_INPUTS_DIR),
     }
-
-
-def _pins_matching(lock: Lock, pattern: str) -> bool:
-    """Whether the lock pins a package whose canonical name matches `pattern` (fnmatch)."""
-    return any(fnmatch.fnmatchcase(name, pattern) for name in pins(lock.text))
 
 
 def _user_values(entry: Entry) -> dict[str, object]:
@@ -409,9 +410,10 @@ def _new_file(parent: int, name: str) -> int:
 
 
 def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
-    """Lay the build context out in `root`/`name`: the Dockerfile, envbuild.lock, the installer
-    and, for a lock with a framework part, framework.lock and the framework image's Dockerfile;
-    return that folder. Nothing secret is in it (see `BuildContext.served`).
+    """Lay the build context out in `root`/`name`: the Dockerfile, envbuild.lock, the installer,
+    for a lock with a framework part, framework.lock and the framework image's Dockerfile, and
+    for one with CUDA libraries as wheels, cuda.lock; return that folder. Nothing secret is in
+    it (see `BuildContext.served`).
 
     Nothing below `root` is followed: links found there are replaced by real folders and
     files, so a planted link cannot make envbuild write elsewhere. Files are copies.
@@ -432,6 +434,8 @@ def write_context(context: BuildContext, root: Path, name: str = "") -> Path:
             texts[LOCK_NAME] = context.lock.text
         if context.framework_lock:
             texts[FRAMEWORK_LOCK_NAME] = context.framework_lock
+        if context.cuda_lock:
+            texts[CUDA_LOCK_NAME] = context.cuda_lock
         if context.framework_image is not None:
             texts[FRAMEWORK_DOCKERFILE] = context.framework_image.dockerfile
         for filename, text in texts.items():

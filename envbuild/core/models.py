@@ -437,6 +437,9 @@ class BuildContext:
     # in layers below the rest; "" when the whole lock is one install.
     framework_lock: str = ""
     framework_image: FrameworkImage | None = None  # what the Dockerfile is built FROM
+    # The CUDA libraries' pins of the first install (lockfile.cuda_part), written as cuda.lock and
+    # installed lowest, from a COPY of their own; "" when it pins none.
+    cuda_lock: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

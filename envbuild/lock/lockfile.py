@@ -12,6 +12,7 @@ builds without a matrix in the cache. No Docker here, and no jinja2.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import logging
@@ -168,6 +169,34 @@ def framework_part(text: str) -> str:
                 part.add(child)
                 grown = True
     return "".join(line for child, lines in blocks.items() if child in part for line in lines)
+
+
+CUDA_PART_HEADER = (
+    "# The CUDA libraries of an envbuild lock, installed below the framework: every lock that\n"
+    "# pins the same ones has this same file, and so the same layer.\n"
+)
+
+
+def cuda_part(text: str, pattern: str) -> str:
+    """The pins of `text` whose canonical names match `pattern` (fnmatch), each with its hash
+    lines and nothing else (no annotations, no header of the lock's): the same bytes for every
+    lock that pins the same ones, whatever else it pins. "" when it pins none.
+
+    The image installs it first, from a COPY of its own (partials/install.j2), so that torch
+    releases pinning the same CUDA libraries (the nvidia-* wheels, most of a CUDA image's bytes)
+    share that layer: a node reuses a layer only when every layer below it is the same too."""
+    kept: list[str] = []
+    keep = continued = False
+    for line in text.splitlines(keepends=True):
+        if not continued:
+            match = _PIN.match(line)
+            keep = match is not None and fnmatch.fnmatchcase(
+                canonicalize_name(match.group(1)), pattern
+            )
+        if keep:
+            kept.append(line if line.endswith("\n") else line + "\n")
+        continued = line.rstrip("\n").endswith("\\")
+    return CUDA_PART_HEADER + "".join(kept) if kept else ""
 
 
 def pin_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:

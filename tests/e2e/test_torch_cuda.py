@@ -115,3 +115,37 @@ def test_a_cuda_image_without_its_cudnn_library_fails_by_name(
     assert "needs libcudnn.so.9, not in the image" in failed["cuda_libraries"]
     assert failed["cudnn_library"] == "no cuDNN library in the image (labels say 9.1.0.70)"
     assert "libcudnn.so.9" in result.stderr
+
+
+def test_two_torch_releases_pinning_the_same_cuda_libraries_share_their_layers(
+    docker_client: docker.DockerClient, base_image: str, ca_bundle: Path, tmp_path: Path
+) -> None:
+    """torch 2.4.0 and 2.4.1 with CUDA 12.1 pin the same nvidia-* wheels: their images have the
+    same layers up to the CUDA libraries' (built apart, by the classic builder, whose cache does
+    not hold the install steps: the same bytes, reproducibly), and differ from the framework's."""
+    if not docker_client.images.list(name=IMAGE):
+        pytest.fail(f"{IMAGE} is built by the test before this one")
+    other = "envbuild-test/torch:2.4.0-cu121-py3.11-bookworm"
+    result = envbuild(
+        "build", "--framework", "torch", "--framework-version", "2.4.0", "--cuda", "12.1",
+        "--python", "3.11", "--base-image", base_image, "--ca-bundle", str(ca_bundle),
+        "--index-url", TEST_INDEX, "--repository", TEST_REPOSITORY, "--no-smoke",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    try:
+        newer, older = (docker_client.images.get(ref) for ref in (IMAGE, other))
+        steps = [
+            (step["CreatedBy"], step["Size"])
+            for step in reversed(newer.history())
+            if step["Size"] or "COPY" in step["CreatedBy"]
+        ]
+        layers = [newer.attrs["RootFS"]["Layers"], older.attrs["RootFS"]["Layers"]]
+        # base, OS packages, COPY install_env.py cuda.lock, the CUDA libraries, COPY
+        # framework.lock, the framework, COPY envbuild.lock, the team's (here: none) packages
+        assert len(layers[0]) == len(layers[1]) == 8, steps
+        assert layers[0][:4] == layers[1][:4], steps
+        assert layers[0][4] != layers[1][4]  # framework.lock: torch 2.4.1, then 2.4.0
+        (cuda,) = [size for command, size in steps if "--only 'nvidia-*'" in command]
+        assert cuda > 2_000_000_000, steps  # most of the image's bytes
+    finally:
+        docker_client.images.remove(other, force=True)

@@ -175,7 +175,21 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     lines = framework.dockerfile.splitlines() + context.dockerfile.splitlines()
     installs = [line for line in lines if "python3 /install_env.py" in line]
     assert len(installs) == 3  # the CUDA libraries, the rest of the framework, the team's
-    assert "COPY install_env.py framework.lock /" in framework.dockerfile.splitlines()
+    # The CUDA libraries' pins alone (no annotation, no header of the lock's) are copied first:
+    # the layers up to theirs are the same for every release that pins the same ones.
+    steps = framework.dockerfile.splitlines()
+    assert steps.index("COPY install_env.py cuda.lock /") < steps.index("COPY framework.lock /")
+    assert context.cuda_lock.splitlines()[2:] == [
+        "nvidia-cublas-cu12==12.1.3.1 \\",
+        f"    --hash=sha256:{hashlib.sha256(b'nvidia-cublas-cu12==12.1.3.1').hexdigest()}",
+    ]
+    other = ANNOTATED_LOCK.text.replace("torch==2.4.1", "torch==2.4.0").replace("2.4.1", "2.4.0")
+    again = render_entry(
+        entry(knowledge, "2.4.0", "12.1"), BuildOptions(), None, dataclasses.replace(
+            ANNOTATED_LOCK, text=other)
+    )  # fmt: skip
+    assert again.cuda_lock == context.cuda_lock
+    assert again.framework_lock != context.framework_lock
     assert "COPY envbuild.lock /" in context.dockerfile.splitlines()
     assert "/framework.lock" not in context.dockerfile.split("rm -f")[0]
     # A link planted where framework.lock goes is replaced, never followed.
@@ -194,6 +208,7 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
         "Dockerfile",
         "framework.Dockerfile",
         "framework.lock",
+        "cuda.lock",
         "envbuild.lock",
         "install_env.py",
     )
@@ -315,15 +330,17 @@ def test_the_image_stage_is_the_fewest_steps_with_the_cuda_libraries_a_layer_of_
     knowledge: Knowledge, framework: str, version: str, cuda: str, lock: Lock, root: bool
 ) -> None:
     """Each step of the classic builder is a container made and committed; a layer's commit
-    writes it once more, so the CUDA libraries (nvidia-* wheels) get a RUN of their own, first.
-    The user is made before anything is downloaded: a base without useradd fails at once."""
+    writes it once more, so the CUDA libraries (nvidia-* wheels) get a RUN of their own, first,
+    from cuda.lock, copied before the lock (releases pinning the same ones share the layers up
+    to theirs). The user is made before anything is downloaded: a base without useradd fails
+    at once."""
     chosen = entry(knowledge, version, cuda, framework=framework)
     if root:
         chosen = dataclasses.replace(chosen, user="root")
     steps = instructions(render_entry(chosen, BuildOptions(), None, lock).dockerfile)
     image = steps[steps.index("FROM runtime") + 1 :]
     nvidia = lock is CUDA_LOCK
-    runs = ["RUN", "RUN"] if nvidia else ["RUN"]
+    runs = ["RUN", "COPY", "RUN"] if nvidia else ["RUN"]
     user = ["USER"] if root else ["WORKDIR", "USER"]
     assert [step.split()[0] for step in image] == [
         "COPY",
@@ -337,11 +354,15 @@ def test_the_image_stage_is_the_fewest_steps_with_the_cuda_libraries_a_layer_of_
     installs = [step for step in image if step.startswith("RUN")]
     tail = " && mv /envbuild.lock /opt/venv/envbuild.lock && rm -f /install_env.py"
     whole = f"python3 /install_env.py --epoch {EPOCH} /opt/venv /envbuild.lock"
-    assert installs[-1].endswith(whole + tail)
+    assert installs[-1].endswith(whole + tail + (" /cuda.lock" if nvidia else ""))
     if nvidia:
+        assert image[0] == "COPY install_env.py cuda.lock /"
+        assert image[4] == "COPY envbuild.lock /"
         assert installs[0].endswith(
-            f"python3 /install_env.py --epoch {EPOCH} --only 'nvidia-*' /opt/venv /envbuild.lock"
+            f"python3 /install_env.py --epoch {EPOCH} --only 'nvidia-*' /opt/venv /cuda.lock"
         )
+    else:
+        assert image[0] == "COPY install_env.py envbuild.lock /"
     assert ("useradd" in installs[0]) is not root
     if not root:
         assert installs[0].index("useradd") < installs[0].index("install_env.py")

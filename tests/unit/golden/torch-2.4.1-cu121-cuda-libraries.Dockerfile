@@ -25,7 +25,7 @@ RUN start=$(date +%s.%N); missing=""; \
 
 FROM runtime
 # PyPI's plain torch 2.4.1 wheel is the CUDA 12.1, cu121 build: install it from PyPI.
-COPY install_env.py envbuild.lock /
+COPY install_env.py cuda.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
@@ -41,10 +41,11 @@ RUN if ! command -v useradd >/dev/null 2>&1; then \
       || SOURCE_DATE_EPOCH=315532800 useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
  && chown -R 1000:1000 /home/envbuild \
- && python3 /install_env.py --epoch 315532800 --only 'nvidia-*' /opt/venv /envbuild.lock
+ && python3 /install_env.py --epoch 315532800 --only 'nvidia-*' /opt/venv /cuda.lock
+COPY envbuild.lock /
 RUN python3 /install_env.py --epoch 315532800 /opt/venv /envbuild.lock \
  && mv /envbuild.lock /opt/venv/envbuild.lock \
- && rm -f /install_env.py
+ && rm -f /install_env.py /cuda.lock
 # CUDA 12.1, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
 # the image holds no system CUDA. NVIDIA_* tell the NVIDIA container runtime what to expose.
 ENV PATH="/opt/venv/bin:$PATH" \

@@ -25,7 +25,7 @@ RUN start=$(date +%s.%N); missing=""; \
 
 FROM runtime
 # PyPI's plain torch 2.4.1 wheel is the CUDA 12.1, cu121 build: install it from PyPI.
-COPY install_env.py framework.lock /
+COPY install_env.py cuda.lock /
 # Set while the install runs, so that its container, left by an engine that died, is found again.
 LABEL org.envbuild.stage="install"
 # The index settings and the CA bundle come as BuildKit secrets, uv and the wheelhouse from the
@@ -44,7 +44,8 @@ RUN --mount=type=secret,id=envbuild-config,target=/run/envbuild/secrets/config.j
       || SOURCE_DATE_EPOCH=315532800 useradd --no-log-init --uid 1000 --gid 1000 --home-dir /home/envbuild --no-create-home --shell /bin/sh envbuild; } \
  && mkdir -p /home/envbuild/.cache \
  && chown -R 1000:1000 /home/envbuild \
- && python3 /install_env.py --mounted /run/envbuild --epoch 315532800 --only 'nvidia-*' /opt/venv /framework.lock
+ && python3 /install_env.py --mounted /run/envbuild --epoch 315532800 --only 'nvidia-*' /opt/venv /cuda.lock
+COPY framework.lock /
 # The framework and what it pulls in (framework.lock); the team's packages go above it.
 RUN --mount=type=secret,id=envbuild-config,target=/run/envbuild/secrets/config.json \
     --mount=type=secret,id=envbuild-ca,target=/run/envbuild/secrets/ca.crt \
