@@ -4,11 +4,13 @@ share the framework's layers, beside today's other form of the same images, one 
 Run on a host set up by scripts/host-setup.sh (engine, .venv, ./wheelhouse, a bookworm base):
 
     .venv/bin/python benchmarks/layers.py [--base-image envbuild/base:bookworm]
-                                          [--builder classic|buildkit]
+                                          [--builder classic|buildkit] [--cuda]
 
 It locks three teams' images of the torch 2.13.0 CPU entry (torch from ./wheelhouse, the rest
-from PyPI through the CA bundle, as the tests do): team A with `six==1.16.0`, team B with
-`tqdm`, and team A after a bump to `six==1.17.0`. Each is built in two forms with one builder
+from PyPI through the CA bundle, as the tests do), or with `--cuda` of the torch 2.4.1 CUDA 12.1
+entry (torch and its nvidia-* wheels from PyPI: 5.8 GB images, about 20 GB of the engine's disk
+at once): team A with `six==1.16.0`, team B with `tqdm`, and team A after a bump to
+`six==1.17.0`. Each is built in two forms with one builder
 (`--builder`, the classic one unless told), one after the other on the same engine:
 
 - layered: the locks as `envbuild lock` writes them, whose `# via` annotations give the
@@ -46,8 +48,27 @@ sys.path.insert(0, str(REPO))
 from tests.support.registry_server import RegistryServer  # noqa: E402
 
 ENVBUILD = [sys.executable, "-m", "envbuild"]
-ENTRY_ID = "torch2.13.0-cpu-py3.11-bookworm"
-TAG = "2.13.0-cpu-py3.11-bookworm"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The entry the teams' images are of."""
+
+    version: str
+    cuda: str  # "cpu" or the CUDA version
+
+    @property
+    def tag(self) -> str:
+        variant = "cpu" if self.cuda == "cpu" else "cu" + self.cuda.replace(".", "")
+        return f"{self.version}-{variant}-py3.11-bookworm"
+
+    @property
+    def entry_id(self) -> str:
+        return f"torch{self.tag}"
+
+
+CPU = Subject("2.13.0", "cpu")  # torch from ./wheelhouse
+CUDA = Subject("2.4.1", "12.1")  # torch and its nvidia-* wheels from PyPI
 TEAMS = {"a": ["six==1.16.0"], "b": ["tqdm"], "a-bumped": ["six==1.17.0"]}
 
 
@@ -71,7 +92,7 @@ def forget() -> None:
     )  # fmt: skip
 
 
-def matrix(folder: Path, team: str) -> Path:
+def matrix(folder: Path, team: str, subject: Subject) -> Path:
     """The torch CPU entry with `team`'s packages, in a folder of its own (its lock beside)."""
     path = folder / team / "team.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +103,9 @@ def matrix(folder: Path, team: str) -> Path:
             "packages": TEAMS[team],
             "repository": f"envbuild-bench/layers-{team}-{{framework}}",
         },
-        "include": [{"framework": "torch", "framework_version": "2.13.0", "cuda": "cpu"}],
+        "include": [
+            {"framework": "torch", "framework_version": subject.version, "cuda": subject.cuda}
+        ],
     }
     path.write_text(json.dumps(document))  # JSON is YAML
     return path
@@ -100,10 +123,10 @@ def blob_bytes(registry: RegistryServer) -> int:
     return sum(p.stat().st_size for p in root.rglob("data")) if root.exists() else 0
 
 
-def manifest_layers(registry: RegistryServer, repository: str) -> dict[str, int]:
+def manifest_layers(registry: RegistryServer, repository: str, tag: str) -> dict[str, int]:
     """The image's layer blobs (short digest: compressed bytes) as its manifest lists them."""
     request = urllib.request.Request(
-        f"{registry.url}/v2/{repository}/manifests/{TAG}",
+        f"{registry.url}/v2/{repository}/manifests/{tag}",
         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -134,17 +157,17 @@ def build(path: Path, common: list[str], *, cold: bool) -> float:
     return time.perf_counter() - start
 
 
-def push(registry: RegistryServer, team: str) -> tuple[str, int]:
+def push(registry: RegistryServer, team: str, tag: str) -> tuple[str, int]:
     """Push team's image; its registry name and the bytes the registry gained."""
-    local = f"envbuild-bench/layers-{team}-torch:{TAG}"
+    local = f"envbuild-bench/layers-{team}-torch:{tag}"
     remote = f"{registry.host}/envbuild-bench/layers-{team}-torch"
     before = blob_bytes(registry)
-    run(["docker", "tag", local, f"{remote}:{TAG}"])
-    run(["docker", "push", f"{remote}:{TAG}"])
+    run(["docker", "tag", local, f"{remote}:{tag}"])
+    run(["docker", "push", f"{remote}:{tag}"])
     return remote, blob_bytes(registry) - before
 
 
-def measure(form: str, work: Path, common: list[str]) -> Form:
+def measure(form: str, work: Path, common: list[str], tag: str) -> Form:
     forget()
     figures = Form()
     registry = RegistryServer(work / f"registry-{form}")
@@ -152,26 +175,26 @@ def measure(form: str, work: Path, common: list[str]) -> Form:
         paths = {team: work / form / team / "team.yaml" for team in TEAMS}
         figures.cold = build(paths["a"], common, cold=True)
         image = json.loads(
-            run(["docker", "image", "inspect", f"envbuild-bench/layers-a-torch:{TAG}"])
+            run(["docker", "image", "inspect", f"envbuild-bench/layers-a-torch:{tag}"])
         )
         figures.size = image[0]["Size"]
         figures.layers = len(image[0]["RootFS"]["Layers"])
-        _, figures.first_push = push(registry, "a")
+        _, figures.first_push = push(registry, "a", tag)
         figures.stored_one = blob_bytes(registry)
         build(paths["b"], common, cold=False)
-        _, figures.second_push = push(registry, "b")
+        _, figures.second_push = push(registry, "b", tag)
         figures.stored_two = blob_bytes(registry)
         figures.bump_build = build(paths["a-bumped"], common, cold=False)
-        remote, figures.bump_push = push(registry, "a-bumped")
+        remote, figures.bump_push = push(registry, "a-bumped", tag)
         # A node that holds A: the bump forgotten, then pulled from the registry. BuildKit's
         # cache holds the layers it built (the engine would find them there), and a node has
         # no build cache: dropped first.
-        subprocess.run(["docker", "rmi", "-f", f"{remote}:{TAG}",
-                        f"envbuild-bench/layers-a-bumped-torch:{TAG}"],
+        subprocess.run(["docker", "rmi", "-f", f"{remote}:{tag}",
+                        f"envbuild-bench/layers-a-bumped-torch:{tag}"],
                        capture_output=True, check=False)  # fmt: skip
         run(["docker", "builder", "prune", "-af"])
-        pulled = run(["docker", "pull", f"{remote}:{TAG}"])
-        sizes = manifest_layers(registry, "envbuild-bench/layers-a-bumped-torch")
+        pulled = run(["docker", "pull", f"{remote}:{tag}"])
+        sizes = manifest_layers(registry, "envbuild-bench/layers-a-bumped-torch", tag)
         fetched = re.findall(r"^([0-9a-f]{12}): Pull complete", pulled, re.MULTILINE)
         figures.bump_pull = sum(sizes.get(short, 0) for short in fetched)
     finally:
@@ -189,7 +212,12 @@ def main() -> None:
     parser.add_argument("--base-image", default="envbuild/base:bookworm")
     parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
     parser.add_argument("--builder", choices=("classic", "buildkit"), default="classic")
+    parser.add_argument(
+        "--cuda", action="store_true",
+        help=f"the torch {CUDA.version} CUDA {CUDA.cuda} entry (from PyPI) instead of the CPU one",
+    )  # fmt: skip
     options = parser.parse_args()
+    subject = CUDA if options.cuda else CPU
     common = [
         "--base-image", options.base_image, "--wheelhouse", str(REPO / "wheelhouse"),
         "--ca-bundle", options.ca_bundle, "--index-url", "https://pypi.org/simple",
@@ -201,16 +229,18 @@ def main() -> None:
         env = {"XDG_CACHE_HOME": str(work / "cache"), "XDG_DATA_HOME": str(work / "data")}
         os.environ.update(env)
         for team in TEAMS:
-            path = matrix(work / "layered", team)
+            path = matrix(work / "layered", team, subject)
             run([*ENVBUILD, "lock", "-m", str(path), *common])
-            one = matrix(work / "one-layer", team)
-            lock = path.parent / "team.lock" / f"{ENTRY_ID}.txt"
+            one = matrix(work / "one-layer", team, subject)
+            lock = path.parent / "team.lock" / f"{subject.entry_id}.txt"
             (one.parent / "team.lock").mkdir()
             copied = one.parent / "team.lock" / lock.name
             copied.write_text(lock.read_text())
             without_annotations(copied)
         building = [*common, "--builder", options.builder]
-        results = {form: measure(form, work, building) for form in ("one-layer", "layered")}
+        results = {
+            form: measure(form, work, building, subject.tag) for form in ("one-layer", "layered")
+        }
     old, new = results["one-layer"], results["layered"]
     rows = [
         ("layers in the image", f"{new.layers}", f"{old.layers}", "<= 12"),
@@ -230,7 +260,7 @@ def main() -> None:
         ("the bump's pull by a node holding A", mb(new.bump_pull), mb(old.bump_pull),
          f"<= 5%: {100 * new.bump_pull / new.first_push:.2f}% (one layer {100 * old.bump_pull / old.first_push:.0f}%)"),
     ]  # fmt: skip
-    print(f"builder: {options.builder}")
+    print(f"entry: {subject.entry_id}, builder: {options.builder}")
     print("| measure | layered | one layer | target |\n| --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
