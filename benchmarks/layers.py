@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,6 +148,22 @@ class Form:
     bump_push: int = 0
     bump_pull: int = 0
     layers: int = 0
+    # A's layers bottom up: (short digest, compressed bytes, also in B's image)
+    layer_sizes: list[tuple[str, int, bool]] = field(default_factory=list)
+    # A's steps that wrote bytes, newest first: (uncompressed bytes, the step)
+    steps: list[tuple[int, str]] = field(default_factory=list)
+
+
+def steps(image: str) -> list[tuple[int, str]]:
+    """The image's steps that wrote bytes, newest first: uncompressed size, the step's command."""
+    listing = run(["docker", "image", "history", "--no-trunc", "--human=false",
+                   "--format", "{{.Size}}\t{{.CreatedBy}}", image])  # fmt: skip
+    found = []
+    for line in listing.splitlines():
+        size, _, command = line.partition("\t")
+        if size.isdigit() and int(size) > 0:
+            found.append((int(size), " ".join(command.split())))
+    return found
 
 
 def build(path: Path, common: list[str], *, cold: bool) -> float:
@@ -179,11 +195,15 @@ def measure(form: str, work: Path, common: list[str], tag: str) -> Form:
         )
         figures.size = image[0]["Size"]
         figures.layers = len(image[0]["RootFS"]["Layers"])
+        figures.steps = steps(f"envbuild-bench/layers-a-torch:{tag}")
         _, figures.first_push = push(registry, "a", tag)
         figures.stored_one = blob_bytes(registry)
         build(paths["b"], common, cold=False)
         _, figures.second_push = push(registry, "b", tag)
         figures.stored_two = blob_bytes(registry)
+        ours = manifest_layers(registry, "envbuild-bench/layers-a-torch", tag)
+        theirs = manifest_layers(registry, "envbuild-bench/layers-b-torch", tag)
+        figures.layer_sizes = [(short, size, short in theirs) for short, size in ours.items()]
         figures.bump_build = build(paths["a-bumped"], common, cold=False)
         remote, figures.bump_push = push(registry, "a-bumped", tag)
         # A node that holds A: the bump forgotten, then pulled from the registry. BuildKit's
@@ -264,6 +284,14 @@ def main() -> None:
     print("| measure | layered | one layer | target |\n| --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    for form, figures in results.items():
+        print(f"{form}: team A's layers bottom up, compressed as the registry holds them"
+              " (* also in B's image):")  # fmt: skip
+        for short, size, shared in figures.layer_sizes:
+            print(f"  {short}  {mb(size):>12}  {'*' if shared else ''}")
+        print(f"{form}: team A's steps that wrote bytes, newest first, uncompressed:")
+        for size, command in figures.steps:
+            print(f"  {mb(size):>12}  {command[:110]}")
     print(f"benchmark: {time.perf_counter() - started:.0f} s in all")
 
 
