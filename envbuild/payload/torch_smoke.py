@@ -61,8 +61,8 @@ PAYLOAD = "torch"
 ALLREDUCE_TIMEOUT_S = 300.0
 ALLREDUCE_MARGIN_S = 30.0
 
-# 24 batches of 256 x 1024 float32 (1 MiB each) from 2 worker processes: every batch crosses
-# /dev/shm, a few MiB at a time (prefetch), in about a second.
+# 8 batches from 2 worker processes: every batch crosses /dev/shm, LOADER_PREFETCH per worker
+# at a time, in about a second.
 LOADER_WORKERS = 2
 # 32 MiB batches, as real training's are (a batch of 256 224x224 RGB images is 154 MB): the two
 # workers' prefetched batches need more than Docker's default 64 MB /dev/shm, which is what the
@@ -71,6 +71,13 @@ LOADER_BATCHES = 8
 LOADER_BATCH = 512
 LOADER_FEATURES = 16384
 LOADER_TIMEOUT_S = 60.0  # one batch; a worker that died or hangs fails the section
+LOADER_PREFETCH = 2  # batches each worker keeps ready (torch's default), all in /dev/shm at once
+# How torch says a worker could not put a batch in /dev/shm, depending on where it ran out: a
+# worker killed by SIGBUS, or an allocation refused. Where the batch is pickled by the worker's
+# queue thread, the refusal is printed there and the batch is dropped: the loader then waits for
+# it until its timeout, or finds the worker gone.
+_SHM_WORDS = ("shared memory", "No space left on device", "Bus error")
+_SHM_SILENT = ("timed out", "exited unexpectedly")
 
 
 def collect_versions(torch, versions, errors):
@@ -411,6 +418,25 @@ class _SyntheticSamples:
         return x, y, -1 if info is None else info.id
 
 
+def loader_shm_problem(text, shm_bytes, workers, batch_bytes, prefetch=LOADER_PREFETCH):
+    """What to tell the user when the loader failed with `text` for want of /dev/shm, or None:
+    torch named it, or the loader timed out or lost a worker while /dev/shm (`shm_bytes`) is
+    smaller than the batches its workers keep there at once."""
+    in_flight = workers * prefetch * batch_bytes
+    named = any(word in text for word in _SHM_WORDS)
+    too_small = shm_bytes is not None and shm_bytes < in_flight
+    if not named and not (too_small and any(word in text for word in _SHM_SILENT)):
+        return None
+    said = text.strip().splitlines()[0][:200] if text.strip() else "no message"
+    return (
+        f"the DataLoader's {workers} workers ran out of shared memory: /dev/shm holds "
+        f"{shm_bytes // 2**20 if shm_bytes else '?'} MB and each batch takes "
+        f"{batch_bytes // 2**20} MB there ({workers * prefetch} prefetched: "
+        f"{in_flight // 2**20} MB); run the image as it was tested, with docker run "
+        f"--shm-size=1g (the image's label org.envbuild.run.shm-size); torch said: {said}"
+    )
+
+
 def run_loader(torch, part):
     """Fill ``part``: a DataLoader with worker processes feeds the training step real batches
     (their tensors travel through /dev/shm); batches/s and /dev/shm's size are reported."""
@@ -432,6 +458,7 @@ def run_loader(torch, part):
         num_workers=workers,
         shuffle=False,
         timeout=LOADER_TIMEOUT_S,
+        prefetch_factor=LOADER_PREFETCH,
         multiprocessing_context="fork",
     )
     part.update(workers=workers, batch_bytes=batch * features * 4, batches=0)
@@ -450,15 +477,9 @@ def run_loader(torch, part):
             losses.append(float(loss.detach().item()))
             part["batches"] += 1
     except RuntimeError as exc:
-        text = str(exc)
-        if "shared memory" in text or "No space left on device" in text or "Bus error" in text:
-            shm = part.get("shm_bytes")
-            raise RuntimeError(
-                f"the DataLoader's {workers} workers ran out of shared memory: /dev/shm holds "
-                f"{shm // 2**20 if shm else '?'} MB and each batch takes "
-                f"{batch * features * 4 // 2**20} MB there; run the image as it was tested, "
-                "with docker run --shm-size=1g (the image's label org.envbuild.run.shm-size)"
-            ) from exc
+        problem = loader_shm_problem(str(exc), part.get("shm_bytes"), workers, batch * features * 4)
+        if problem is not None:
+            raise RuntimeError(problem) from exc
         raise
     seconds = time.perf_counter() - t0
     part["seconds"] = seconds

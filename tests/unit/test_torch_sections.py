@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from envbuild.payload import smoke_harness as harness
 
@@ -325,3 +327,72 @@ def test_a_missing_toolchain_is_named_as_the_cause(
     torch_smoke: ModuleType, text: str, cuda: bool, cause: str | None
 ) -> None:
     assert torch_smoke.compiler_problem(RuntimeError(text), cuda) == cause
+
+
+# --------------------------------------------------------------------------
+# the loader's /dev/shm diagnosis
+
+MB = 2**20
+BATCH = 32 * MB  # the smoke loader's batch: 512 x 16384 float32
+SHM_PREFIX = (
+    "the DataLoader's 2 workers ran out of shared memory: /dev/shm holds 64 MB and each batch "
+    "takes 32 MB there (4 prefetched: 128 MB); run the image as it was tested, with docker run "
+    "--shm-size=1g"
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # each way torch says it, depending on where the worker ran out (CI saw the first three)
+        "DataLoader worker (pid 42) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.",
+        "DataLoader timed out after 60.0 seconds",
+        "DataLoader worker (pid(s) 42, 43) exited unexpectedly",
+        "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback ...\n"
+        "RuntimeError: unable to write to file </torch_42_1_0>: No space left on device (28)",
+    ],
+)
+def test_a_loader_short_of_shared_memory_says_how_to_run_the_image(
+    torch_smoke: ModuleType, text: str
+) -> None:
+    said = torch_smoke.loader_shm_problem(text, 64 * MB, 2, BATCH)
+    assert said is not None
+    assert said.startswith(SHM_PREFIX)
+    assert said.endswith(f"; torch said: {text.splitlines()[0][:200]}")
+
+
+@pytest.mark.parametrize(
+    ("text", "shm"),
+    [
+        # a timeout or a lost worker with room for every prefetched batch is not /dev/shm's doing
+        ("DataLoader timed out after 60.0 seconds", 1024 * MB),
+        ("DataLoader worker (pid(s) 42) exited unexpectedly", 128 * MB),
+        # /dev/shm not measured: no guess
+        ("DataLoader timed out after 60.0 seconds", None),
+        # another failure with a small /dev/shm is that failure
+        ("mat1 and mat2 shapes cannot be multiplied (512x16384 and 100x32)", 64 * MB),
+        ("", 64 * MB),
+    ],
+)
+def test_other_loader_failures_are_left_as_they_are(
+    torch_smoke: ModuleType, text: str, shm: int | None
+) -> None:
+    assert torch_smoke.loader_shm_problem(text, shm, 2, BATCH) is None
+
+
+@given(
+    text=st.text(max_size=5000),
+    shm=st.one_of(st.none(), st.integers(min_value=0, max_value=2**40)),
+    workers=st.integers(min_value=1, max_value=64),
+    batch=st.integers(min_value=1, max_value=2**34),
+)
+def test_the_diagnosis_of_any_failure_is_none_or_one_bounded_message(
+    torch_smoke: ModuleType, text: str, shm: int | None, workers: int, batch: int
+) -> None:
+    said = torch_smoke.loader_shm_problem(text, shm, workers, batch)
+    if said is None:
+        return
+    assert said.startswith(f"the DataLoader's {workers} workers ran out of shared memory")
+    assert "docker run --shm-size=1g" in said
+    assert len(said) < 600
