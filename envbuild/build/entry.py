@@ -315,6 +315,22 @@ def have_framework(
         return built, f"{name}: {refused}built in {time.monotonic() - start:.1f} s"
 
 
+BUILT_HERE, UNDER_ITS_TAG, ABSENT = "built", "tagged", "absent"
+
+
+def framework_on_engine(engine: Engine, store: ResultStore, wanted: FrameworkImage) -> str:
+    """Where the framework image of `wanted`'s key stands on this engine, as have_framework
+    would find it, without checking or changing anything: BUILT_HERE (envbuild built it here and
+    would use it as it is), UNDER_ITS_TAG (an image under its reference with the key's label,
+    whose distributions a build checks before using it), else ABSENT (a build makes or pulls it)."""
+    if _built_before(engine, store, wanted.key, label_keys.FRAMEWORK_KEY) is not None:
+        return BUILT_HERE
+    found = engine.image(wanted.ref)
+    if found is not None and found.labels.get(label_keys.FRAMEWORK_KEY) == wanted.key:
+        return UNDER_ITS_TAG
+    return ABSENT
+
+
 def _pull(engine: Engine, context: BuildContext, remote: str) -> ImageInfo | str | None:
     """The framework image pulled from `remote` (host/repository:tag), None where the registry
     has no such tag, or why the pull failed."""

@@ -76,26 +76,67 @@ def main(verbose: bool) -> None:
 )
 @click.option("--explain", is_flag=True, help="Show the facts behind each decision, with sources.")
 @click.option(
+    "--frameworks",
+    is_flag=True,
+    help=(
+        "Ask the engine for each entry's framework image: its key (from the entry's fresh lock "
+        "and the base image) and whether the engine has it."
+    ),
+)
+@click.option(
+    "--registry",
+    metavar="REGISTRY",
+    help="With --frameworks: also whether this registry (host[/prefix], as for --push) holds it.",
+)
+@builder_option
+@click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 @reports_errors
-def plan(driver: str | None, gpus: tuple[str, ...], explain: bool, fmt: str, **kwargs: Any) -> None:
-    """Show what would be built, and what cannot be and why; and each entry's lock state."""
+def plan(
+    driver: str | None, gpus: tuple[str, ...], explain: bool, frameworks: bool,
+    registry: str | None, fmt: str, **kwargs: Any,
+) -> None:  # fmt: skip
+    """Show what would be built, and what cannot be and why; and each entry's lock state.
+
+    With --frameworks, also each entry's framework image (the layers it stands on, shared by
+    every entry with its key): its key, whether the engine has it, and with --registry whether
+    the registry holds it. Nothing is built, pulled or pushed.
+    """
+    from envbuild.core.errors import BadInput
     from envbuild.knowledge.load import load_knowledge
     from envbuild.lock.planning import lock_summary, plan_locks_document, plan_with_locks
     from envbuild.report.documents import plan_document, plan_table
 
+    if registry is not None and not frameworks:
+        msg = "--registry says where plan looks for framework images; add --frameworks"
+        raise BadInput(msg)
     fleet = fleet_from(load_knowledge(), driver, gpus)
     options, matrix_path = build_options_from(kwargs), kwargs["matrix_file"]
     known, _, result = plan_from(kwargs, fleet=fleet)
     result, states = plan_with_locks(result, options, matrix_path, known)
+    if frameworks:
+        from envbuild.core.store import ResultStore
+        from envbuild.engine.interface import connect
+        from envbuild.pipeline.frameworks import framework_lines, framework_states
+
+        with trusting(options.ca_bundle):
+            builder, images = framework_states(
+                known, result.entries, options, states, matrix_path=matrix_path,
+                registry=registry, store=ResultStore.default(), connect=connect,
+            )  # fmt: skip
     if fmt == "json":
         document = plan_locks_document(plan_document(result, explain=explain), states)
+        if frameworks:
+            by_id = {state.entry_id: state.as_dict() for state in images}
+            for item in document["entries"]:
+                item["framework"] = by_id.get(item["id"])
         click.echo(json.dumps(document, indent=2))
     else:
-        click.echo(
-            "\n".join([*plan_table(result, explain=explain), *lock_summary(states, matrix_path)])
-        )
+        lines = [*plan_table(result, explain=explain), *lock_summary(states, matrix_path)]
+        if frameworks:
+            lines += framework_lines(builder, registry, images)
+        click.echo("\n".join(lines))
 
 
 @main.command("ci-matrix")

@@ -111,25 +111,46 @@ def test_teams_share_one_framework_image_found_by_key_here_and_in_the_registry(
         assert done.returncode == 0, done.stderr[-3000:]
         return done
 
+    def planned(name: str, state: str) -> str:
+        """What `plan --frameworks --registry` says of team `name`'s framework image."""
+        done = envbuild(
+            "plan", "-m", str(paths[name]), *given, "--builder", "classic", "--frameworks",
+            "--registry", registry,
+            env={"XDG_CACHE_HOME": str(tmp_path / state / "cache"),
+                 "ENVBUILD_DATA_DIR": str(tmp_path / state / "data")},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = [line for line in done.stdout.splitlines() if line.startswith(f"  {ENTRY}: ")]
+        assert len(said) == 1, done.stdout
+        return said[0]
+
     forget_local(docker_client)
     try:
         with RegistryServer(tmp_path / "registry") as server:
             registry = f"{server.host}/teams"
+            before = planned("a", "one")
+            assert before.endswith(f": not on this engine; not in {registry}"), before
             # Team A: its framework image is built, and pushed beside its image.
             first = build("a", "one")
             assert re.search(
                 r"framework torch 2\.13\.0\+cpu \(key [0-9a-f]{12}\): built in", first.stderr
             )
             pushed = re.search(
-                rf"framework ({re.escape(registry)}/framework:(\S+)) sha256:", first.stdout
+                rf"framework ({re.escape(registry)}/framework:(\S+)) (sha256:[0-9a-f]{{64}})",
+                first.stdout,
             )
             assert pushed, first.stdout
-            remote, framework_tag = pushed.groups()
+            remote, framework_tag, digest = pushed.groups()
             framework = layers(server, remote)
             local = docker_client.images.get(f"envbuild/framework:{framework_tag}")
             key = local.labels["org.envbuild.framework-key"]
             assert framework_tag.endswith(key[:32])
             assert layers(server, immutable(first))[: len(framework)] == framework
+            # The plan names its key, and that it is built here and published (by digest).
+            assert planned("b", "one") == (
+                f"  {ENTRY}: torch 2.13.0+cpu, key {key[:12]}: built on this engine; "
+                f"published as {remote}@{digest}"
+            )
             # Team B, other packages, the same framework: found here by its key, not built.
             second = build("b", "one")
             assert "): built before on this engine" in second.stderr
@@ -140,6 +161,9 @@ def test_teams_share_one_framework_image_found_by_key_here_and_in_the_registry(
             # An engine and a store that hold neither the framework image nor a record of it:
             # A's bump takes it from the registry, checks it and stands on it.
             forget_local(docker_client, server.host, framework_tag)
+            assert planned("bumped", "two").endswith(
+                f": not on this engine; published as {remote}@{digest}"
+            )
             bumped = build("bumped", "two")
             assert f"): from the registry as {remote}, its distributions checked" in bumped.stderr
             assert layers(server, immutable(bumped))[: len(framework)] == framework

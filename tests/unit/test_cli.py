@@ -151,3 +151,28 @@ def test_help_imports_neither_docker_nor_jinja() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_plan_frameworks_refuses_a_registry_it_cannot_ask_before_the_engine() -> None:
+    selected = ("plan", "--framework", "torch", "--framework-version", "2.13.0", "--cuda", "cpu")
+    code, _, err = run(*selected, "--registry", "127.0.0.1:5000")
+    assert code == 2
+    assert "--registry says where plan looks for framework images; add --frameworks" in err
+    code, _, err = run(*selected, "--frameworks", "--registry", "nohost")
+    assert code == 2
+    assert "--registry 'nohost' names no registry host" in err
+    assert "Traceback" not in err
+
+
+def test_plan_frameworks_without_an_engine_exits_3_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "envbuild", "plan", "--framework", "torch",
+         "--framework-version", "2.13.0", "--cuda", "cpu", "--frameworks"],
+        capture_output=True, text=True, check=False, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+             "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith("envbuild: error: ")
+    assert "Traceback" not in done.stderr

@@ -12,7 +12,14 @@ import threading
 
 import pytest
 
-from envbuild.build.entry import build_entry, prepare
+from envbuild.build.entry import (
+    ABSENT,
+    BUILT_HERE,
+    UNDER_ITS_TAG,
+    build_entry,
+    framework_on_engine,
+    prepare,
+)
 from envbuild.core import labels
 from envbuild.core.errors import BuildFailed
 from envbuild.core.models import (
@@ -26,6 +33,7 @@ from envbuild.core.models import (
 )
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import RunResult
+from envbuild.pipeline.frameworks import FrameworkState, framework_lines
 from envbuild.plan.matrix import default_matrix_path, load_matrix, make_plan
 from tests.support.engine_double import Image, InMemoryEngine
 
@@ -285,3 +293,44 @@ def test_a_framework_image_the_registry_cannot_give_as_the_key_is_built_here(
     rebuilt = double.image(wanted.ref)
     assert rebuilt is not None
     assert rebuilt.id != held.id
+
+
+@pytest.mark.parametrize(("key", "expected"), [("right", UNDER_ITS_TAG), ("other", ABSENT)])
+def test_plan_says_where_the_framework_image_stands_and_changes_nothing(
+    double: InMemoryEngine, knowledge: Knowledge, store: ResultStore, key: str, expected: str
+) -> None:
+    context = context_for(double, knowledge, "six==1.16.0")
+    wanted = framework_of(context)
+    assert framework_on_engine(double, store, wanted) == ABSENT
+    label = wanted.key if key == "right" else key
+    planted = double.add_image("loaded", tags=(wanted.ref,), labels={labels.FRAMEWORK_KEY: label})
+    double.outputs[planted] = listing("filelock==3.0.0", "torch==2.13.0+cpu")
+    assert framework_on_engine(double, store, wanted) == expected
+    assert not double.runs  # nothing checked, started, built or tagged to say so
+    assert not double.builds
+    assert double.image(wanted.ref) == double.image(planted)
+    build_entry(double, context, store=store)
+    assert framework_on_engine(double, store, wanted) == BUILT_HERE
+
+
+def test_plan_lines_name_the_key_where_the_image_is_and_why_an_entry_has_none() -> None:
+    key = "ab" * 32
+    here = FrameworkState(
+        entry_id="e1", title="torch 2.4.1+cu121", key=key, image="envbuild/framework:t",
+        on_engine=BUILT_HERE, published="r:5000/framework:t@sha256:" + "1" * 64,
+    )  # fmt: skip
+    away = dataclasses.replace(here, entry_id="e2", on_engine=ABSENT, published=None)
+    stale = FrameworkState(entry_id="e3", problem="its lock is stale: run envbuild lock")
+    lines = framework_lines("classic", "r:5000", [here, away, stale])
+    assert lines == [
+        "framework images (classic builder, registry r:5000): 1 key for 3 entries",
+        f"  e1: torch 2.4.1+cu121, key {key[:12]}: built on this engine; published as "
+        f"r:5000/framework:t@sha256:{'1' * 64}",
+        f"  e2: torch 2.4.1+cu121, key {key[:12]}: not on this engine; not in r:5000",
+        "  e3: its lock is stale: run envbuild lock",
+    ]
+    assert framework_lines("buildkit", None, [here])[1].endswith(": built on this engine")
+    tagged = dataclasses.replace(here, on_engine=UNDER_ITS_TAG)
+    assert framework_lines("classic", None, [tagged])[1].endswith(
+        ": on this engine under its tag, not built here (checked when a build uses it)"
+    )
