@@ -106,11 +106,11 @@ def framework_states(
             )
         )
     if registry is not None:
-        states = _published(registry, states)
+        states = published_states(registry, states)
     return options.builder, states
 
 
-def _published(registry: str, states: list[FrameworkState]) -> list[FrameworkState]:
+def published_states(registry: str, states: list[FrameworkState]) -> list[FrameworkState]:
     """`states` with where `registry` holds each framework image (its `framework` repository,
     under the image's tag), each tag asked once, in one operation under one deadline."""
     found: dict[str, str | None] = {}

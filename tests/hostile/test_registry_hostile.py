@@ -12,6 +12,7 @@ may see a credential.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from envbuild.net.bounded import (
     same_origin,
 )
 from envbuild.net.credentials import PASSWORD_ENV, USERNAME_ENV, Credentials
+from envbuild.pipeline.frameworks import FrameworkState, published_states
 from envbuild.publish.evidence import find_evidence
 from envbuild.registry import (
     DEADLINE_ENV,
@@ -1122,3 +1124,81 @@ def test_the_credentials_lookup_reads_docker_config_the_same_way(
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(BadInput, match=r"Docker's config .*config\.json"):
         lookup_credentials("registry.example.com")
+
+
+PLANNED = FrameworkState(
+    entry_id="e", title="torch 2.4", key="ab" * 32, image=f"envbuild/framework:{TAG}"
+)
+PLAN_CASES = {
+    "never-answers": (Answer(stall=True), "within 3 s"),
+    "headers-dripped": (
+        Answer(raw=one_byte_at_a_time(b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200), pause=0.1),
+        "within 3 s",
+    ),
+    "500-forever": (Answer(status=500, body=b"{}"), "500"),
+    "digest-header-not-a-digest": (
+        Answer(headers={"Docker-Content-Digest": "sha256:\x1b[2J" + "z" * 60}),
+        "digest",
+    ),
+    "manifest-not-json": (Answer(status=200, body=b"\x1b[31m" * 1000), "manifest"),
+}
+
+
+@pytest.mark.parametrize("case", PLAN_CASES, ids=list(PLAN_CASES))
+def test_plan_frameworks_asks_a_hostile_registry_under_one_deadline_in_one_line(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer, expect = PLAN_CASES[case]
+    monkeypatch.setenv(DEADLINE_ENV, DEADLINE)
+    monkeypatch.setenv(USERNAME_ENV, USER)
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    outcome: list[BaseException | list[FrameworkState]] = []
+    routes = behind_auth(PUBLISHED.routes(**{MANIFEST_PATH: lambda seen: answer}))
+    with HostileRegistry(routes) as registry:
+
+        def attempt() -> None:
+            try:
+                outcome.append(published_states(f"{registry.host}/team", [PLANNED]))
+            except EnvbuildError as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=attempt, daemon=True)
+        worker.start()
+        worker.join(60)  # a hang guard: the deadline is 3 s
+        assert not worker.is_alive()
+        asked = [seen.path for seen in registry.seen]
+    assert len(outcome) == 1
+    error = outcome[0]
+    assert isinstance(error, RegistryError), error
+    said = str(error)
+    assert expect in said
+    assert "\n" not in said
+    assert len(said) < 1000
+    assert not [c for c in said if c in "\x1b\x9b"]
+    assert not [s for s in SECRETS if s in said + repr(error)]
+    assert all(path.startswith("/v2/team/framework/") or path == "/v2/" for path in asked), asked
+
+
+def test_plan_frameworks_says_published_by_digest_or_not_in_the_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(USERNAME_ENV, USER)
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    other = dataclasses.replace(PLANNED, entry_id="f", image="envbuild/framework:absent")
+    digest = sha256(PUBLISHED.manifest())
+    held = Answer(
+        headers={"Content-Type": OCI_MANIFEST, "Docker-Content-Digest": digest},
+        body=PUBLISHED.manifest(),
+    )
+    routes = PUBLISHED.routes(**{f"^/v2/team/framework/manifests/{TAG}$": lambda seen: held})
+    with HostileRegistry(behind_auth(routes)) as registry:
+        found = published_states(f"{registry.host}/team", [PLANNED, other, PLANNED])
+        asked = [seen.path for seen in registry.seen if "/manifests/" in seen.path]
+    # Each tag asked once (a request, and again with the credentials the challenge asked for).
+    assert len(set(asked)) == 2
+    assert len(asked) <= 4
+    assert [state.published for state in found] == [
+        f"{registry.host}/team/framework:{TAG}@{digest}",
+        None,
+        f"{registry.host}/team/framework:{TAG}@{digest}",
+    ]
