@@ -14,7 +14,7 @@ from typing import Any
 
 from envbuild.build.entry import BUILT_HERE, UNDER_ITS_TAG, framework_on_engine, probe_entry_base
 from envbuild.build.render import render_entry
-from envbuild.core.errors import EnvbuildError
+from envbuild.core.errors import BadInput
 from envbuild.core.models import BaseProbe, BuildOptions, Entry, Knowledge
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import Engine, choose_builder
@@ -70,41 +70,35 @@ def framework_states(
 ) -> tuple[str, list[FrameworkState]]:
     """The builder the keys are for, and each entry's framework state. An entry whose lock is
     not fresh or whose base does not fit it gets its problem; an engine that does not answer or a
-    registry that cannot be asked is an error (one line), as for `build`."""
+    registry that cannot be asked is an error (one line), as for `build`: nothing is shown then."""
     if registry is not None:
         split_registry(registry)  # a registry without a host, refused before the engine
     engine = connect()
     options = dataclasses.replace(options, builder=choose_builder(engine, options.builder))
     probes: dict[str, BaseProbe] = {}
-    states = []
-    for entry in entries:
-        state = lock_states.get(entry.id, "missing")
-        if state != "fresh":
-            problem = f"its lock is {state}: run {lock_command(matrix_path)} to know its key"
-            states.append(FrameworkState(entry_id=entry.id, problem=problem))
-            continue
+
+    def state_of(entry: Entry) -> FrameworkState:
+        lock_state = lock_states.get(entry.id, "missing")
+        if lock_state != "fresh":
+            problem = f"its lock is {lock_state}: run {lock_command(matrix_path)} to know its key"
+            return FrameworkState(entry_id=entry.id, problem=problem)
         try:
             probe = probe_entry_base(engine, knowledge, entry, options, probes)
             lock = lock_for(
                 entry, options, matrix_path=matrix_path, locked=True, knowledge=knowledge
             )
             wanted = render_entry(entry, options, probe, lock).framework_image
-        except EnvbuildError as exc:  # this entry's, said on its line; the others still shown
-            states.append(FrameworkState(entry_id=entry.id, problem=exc.message))
-            continue
+        except BadInput as exc:  # this entry's (its base, its lock): said on its line
+            return FrameworkState(entry_id=entry.id, problem=exc.message)
         if wanted is None:
             problem = "no framework image: its lock has no `# via` annotations (one install layer)"
-            states.append(FrameworkState(entry_id=entry.id, problem=problem))
-            continue
-        states.append(
-            FrameworkState(
-                entry_id=entry.id,
-                title=wanted.title,
-                key=wanted.key,
-                image=wanted.ref,
-                on_engine=framework_on_engine(engine, store, wanted),
-            )
-        )
+            return FrameworkState(entry_id=entry.id, problem=problem)
+        return FrameworkState(
+            entry_id=entry.id, title=wanted.title, key=wanted.key, image=wanted.ref,
+            on_engine=framework_on_engine(engine, store, wanted),
+        )  # fmt: skip
+
+    states = [state_of(entry) for entry in entries]
     if registry is not None:
         states = published_states(registry, states)
     return options.builder, states
