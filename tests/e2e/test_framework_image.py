@@ -100,26 +100,24 @@ def test_teams_share_one_framework_image_found_by_key_here_and_in_the_registry(
         locked = envbuild("lock", "-m", str(paths[name]), *given)
         assert locked.returncode == 0, locked.stderr[-3000:]
 
-    def build(name: str, state: str) -> subprocess.CompletedProcess[str]:
-        """`build --push` of team `name`'s entry with the store and cache of `state`."""
+    def envbuild_as(state: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """envbuild `args` with the store and cache of `state` (one machine each), succeeding."""
         done = envbuild(
-            "build", "-m", str(paths[name]), *given, "--locked", "--builder", "classic",
-            "--push", registry,
+            *args, *given, "--builder", "classic",
             env={"XDG_CACHE_HOME": str(tmp_path / state / "cache"),
                  "ENVBUILD_DATA_DIR": str(tmp_path / state / "data")},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         return done
 
+    def build(name: str, state: str) -> subprocess.CompletedProcess[str]:
+        """`build --push` of team `name`'s entry on machine `state`."""
+        return envbuild_as(state, "build", "-m", str(paths[name]), "--locked", "--push", registry)
+
     def planned(name: str, state: str) -> str:
         """What `plan --frameworks --registry` says of team `name`'s framework image."""
-        done = envbuild(
-            "plan", "-m", str(paths[name]), *given, "--builder", "classic", "--frameworks",
-            "--registry", registry,
-            env={"XDG_CACHE_HOME": str(tmp_path / state / "cache"),
-                 "ENVBUILD_DATA_DIR": str(tmp_path / state / "data")},
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        plan = ("plan", "-m", str(paths[name]), "--frameworks", "--registry", registry)
+        done = envbuild_as(state, *plan)
         said = [line for line in done.stdout.splitlines() if line.startswith(f"  {ENTRY}: ")]
         assert len(said) == 1, done.stdout
         return said[0]

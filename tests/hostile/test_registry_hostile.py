@@ -944,24 +944,31 @@ def test_a_huge_manifest_is_cut_off_at_the_cap_in_bounded_memory(length: str) ->
     ids=["never-answers", "body-dripped", "headers-dripped"],
 )
 def test_the_deadline_holds_whatever_the_server_does(answer: Answer) -> None:
-    outcome: list[BaseException] = []
     with HostileRegistry(PUBLISHED.routes(**{MANIFEST_PATH: lambda seen: answer})) as registry:
         client = client_for(registry)
+        error = outcome_of(lambda: client.manifest_raw(REPOSITORY, TAG))
+    assert isinstance(error, RegistryUnreachable)
+    assert "did not complete" in str(error)
+    assert "within 3 s" in str(error)
 
-        def attempt() -> None:
-            try:
-                client.manifest_raw(REPOSITORY, TAG)
-            except EnvbuildError as exc:
-                outcome.append(exc)
 
-        worker = threading.Thread(target=attempt, daemon=True)
-        worker.start()
-        worker.join(60)  # a hang guard: the deadline is 3 s
-        assert not worker.is_alive()
+def outcome_of(action: Callable[[], object]) -> object:
+    """What `action` returned or the EnvbuildError it raised, run in a thread that must end
+    within a minute (a hang guard: the deadlines under test are 3 s)."""
+    outcome: list[object] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(action())
+        except EnvbuildError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive()
     assert len(outcome) == 1
-    assert isinstance(outcome[0], RegistryUnreachable)
-    assert "did not complete" in str(outcome[0])
-    assert "within 3 s" in str(outcome[0])
+    return outcome[0]
 
 
 def test_one_deadline_bounds_a_whole_evidence_lookup() -> None:
@@ -1152,23 +1159,10 @@ def test_plan_frameworks_asks_a_hostile_registry_under_one_deadline_in_one_line(
     monkeypatch.setenv(DEADLINE_ENV, DEADLINE)
     monkeypatch.setenv(USERNAME_ENV, USER)
     monkeypatch.setenv(PASSWORD_ENV, SECRET)
-    outcome: list[BaseException | list[FrameworkState]] = []
     routes = behind_auth(PUBLISHED.routes(**{MANIFEST_PATH: lambda seen: answer}))
     with HostileRegistry(routes) as registry:
-
-        def attempt() -> None:
-            try:
-                outcome.append(published_states(f"{registry.host}/team", [PLANNED]))
-            except EnvbuildError as exc:
-                outcome.append(exc)
-
-        worker = threading.Thread(target=attempt, daemon=True)
-        worker.start()
-        worker.join(60)  # a hang guard: the deadline is 3 s
-        assert not worker.is_alive()
+        error = outcome_of(lambda: published_states(f"{registry.host}/team", [PLANNED]))
         asked = [seen.path for seen in registry.seen]
-    assert len(outcome) == 1
-    error = outcome[0]
     assert isinstance(error, RegistryError), error
     said = str(error)
     assert expect in said
