@@ -118,7 +118,11 @@ def plan(
     if frameworks:
         from envbuild.core.store import ResultStore
         from envbuild.engine.interface import connect
-        from envbuild.pipeline.frameworks import framework_lines, framework_states
+        from envbuild.pipeline.frameworks import (
+            framework_lines,
+            framework_states,
+            plan_frameworks_document,
+        )
 
         with trusting(options.ca_bundle):
             builder, images = framework_states(
@@ -128,9 +132,7 @@ def plan(
     if fmt == "json":
         document = plan_locks_document(plan_document(result, explain=explain), states)
         if frameworks:
-            by_id = {state.entry_id: state.as_dict() for state in images}
-            for item in document["entries"]:
-                item["framework"] = by_id.get(item["id"])
+            document = plan_frameworks_document(document, images)
         click.echo(json.dumps(document, indent=2))
     else:
         lines = [*plan_table(result, explain=explain), *lock_summary(states, matrix_path)]

@@ -125,5 +125,14 @@ def framework_lines(builder: str, registry: str | None, states: list[FrameworkSt
     return [head, *(state.line(registry) for state in states)]
 
 
+def plan_frameworks_document(
+    document: dict[str, Any], states: list[FrameworkState]
+) -> dict[str, Any]:
+    """`plan --format json` with each entry's framework state (null for an entry it lacks)."""
+    by_id = {state.entry_id: state.as_dict() for state in states}
+    entries = [{**item, "framework": by_id.get(item["id"])} for item in document["entries"]]
+    return {**document, "entries": entries}
+
+
 def _count(number: int, one: str, many: str = "") -> str:
     return f"{number} {one if number == 1 else many or one + 's'}"

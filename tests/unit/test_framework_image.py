@@ -33,7 +33,7 @@ from envbuild.core.models import (
 )
 from envbuild.core.store import ResultStore
 from envbuild.engine.interface import RunResult
-from envbuild.pipeline.frameworks import FrameworkState, framework_lines
+from envbuild.pipeline.frameworks import FrameworkState, framework_lines, plan_frameworks_document
 from envbuild.plan.matrix import default_matrix_path, load_matrix, make_plan
 from tests.support.engine_double import Image, InMemoryEngine
 
@@ -334,3 +334,13 @@ def test_plan_lines_name_the_key_where_the_image_is_and_why_an_entry_has_none() 
     assert framework_lines("classic", None, [tagged])[1].endswith(
         ": on this engine under its tag, not built here (checked when a build uses it)"
     )
+
+
+def test_plan_json_gives_each_entry_its_framework_state_or_null() -> None:
+    state = FrameworkState(entry_id="e1", title="torch 2.13.0+cpu", key="ab" * 32, on_engine=ABSENT)
+    document = {"entries": [{"id": "e1"}, {"id": "e2"}], "excluded": []}
+    merged = plan_frameworks_document(document, [state])
+    assert merged["entries"][0]["framework"]["key"] == "ab" * 32
+    assert merged["entries"][0]["framework"]["on_engine"] == ABSENT
+    assert merged["entries"][1]["framework"] is None
+    assert "framework" not in document["entries"][0]  # the plan's own document is left as it was
