@@ -75,7 +75,15 @@ INPUTS_DIR = "envbuild-inputs"
 # uv and the wheels of the lock's framework part alone: what the framework's RUNs bind, so that
 # BuildKit's cache of them does not change with the team's packages.
 FRAMEWORK_INPUTS_DIR = "envbuild-framework-inputs"
+# uv's cache mounts: the framework's part (and a whole lock) in one, the team's packages in
+# another. BuildKit makes the first build to mount a cache that another build has just filled
+# wait in proportion to what it holds, before any step starts (measured: 1.5 s for the torch CPU
+# framework's, 4.2 s for 600 MB in 40,000 files; a second use, or a later step of the same
+# build, waits nothing). In one mount, every team build after a framework build paid that wait;
+# a team's RUN now meets only the team packages' cache, and loses nothing: it installs none of
+# the framework's packages.
 UV_CACHE = "envbuild-uv"
+TEAM_UV_CACHE = "envbuild-uv-team"
 # The modification time of every file the install steps change and of every file in the context
 # (COPY keeps a file's time): 1980-01-01, the earliest a wheel's zip can hold. A layer's digest
 # hashes a tar that holds each file's time; fixed times make the framework's layers the same
@@ -321,18 +329,19 @@ def _buildkit_values() -> dict[str, str]:
     root = BUILDKIT_ROOT
     secrets, inputs = f"{root}/{install_env.SECRETS_DIR}", f"{root}/{install_env.INPUTS_DIR}"
 
-    def mounts(bound: str) -> str:
+    def mounts(bound: str, cache: str) -> str:
         return " \\\n    ".join((
             f"--mount=type=secret,id={CONFIG_SECRET},target={secrets}/{install_env.CONFIG_NAME}",
             f"--mount=type=secret,id={CA_SECRET},target={secrets}/{install_env.CA_NAME}",
             f"--mount=type=bind,source={bound},target={inputs}",
-            f"--mount=type=cache,id={UV_CACHE},target={root}/{install_env.CACHE_DIR}",
+            f"--mount=type=cache,id={cache},target={root}/{install_env.CACHE_DIR}",
         ))  # fmt: skip
 
     return {
         "root": root,
-        "mounts": mounts(INPUTS_DIR),
-        "framework_mounts": mounts(FRAMEWORK_INPUTS_DIR),
+        "mounts": mounts(INPUTS_DIR, UV_CACHE),
+        "framework_mounts": mounts(FRAMEWORK_INPUTS_DIR, UV_CACHE),
+        "team_mounts": mounts(INPUTS_DIR, TEAM_UV_CACHE),
     }
 
 
