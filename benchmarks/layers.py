@@ -4,7 +4,7 @@ share the framework's layers, beside today's other form of the same images, one 
 Run on a host set up by scripts/host-setup.sh (engine, .venv, ./wheelhouse, a bookworm base):
 
     .venv/bin/python benchmarks/layers.py [--base-image envbuild/base:bookworm]
-                                          [--builder classic|buildkit] [--cuda]
+                                          [--builder classic|buildkit] [--cuda] [--repeat N]
 
 It locks three teams' images of the torch 2.13.0 CPU entry (torch from ./wheelhouse, the rest
 from PyPI through the CA bundle, as the tests do), or with `--cuda` of the torch 2.4.1 CUDA 12.1
@@ -20,9 +20,11 @@ at once): team A with `six==1.16.0`, team B with `tqdm`, and team A after a bump
   in one RUN, as every envbuild image was before.
 
 For each form, from no image of the benchmark's and an empty registry (Debian's
-docker-registry on a loopback port): A built cold (`--no-cache`) and pushed; B built and
-pushed; A's bump built and pushed; then the engine keeps A, forgets the bump (and BuildKit's
-whole build cache, which a node does not have) and pulls it back.
+docker-registry on a loopback port): A built cold (`--no-cache`, the build cache and its cache
+mounts pruned first) and pushed; B built and pushed; A's bump built and pushed; then the engine
+keeps A, forgets the bump (and BuildKit's whole build cache, which a node does not have) and
+pulls it back. With `--repeat N`, team A's cold builds of both forms are first alternated N - 1
+times more (single runs here vary by ±15% with the network): the median of each form's N is shown.
 What the registry stores is the size of its blob folder; what a push uploaded is what it added
 there (the engine uploads only the blobs the registry lacks); what a pull downloaded is the
 sum of the blobs it reports as pulled, by the sizes in the image's manifest. Images are tagged
@@ -35,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +73,7 @@ class Subject:
 CPU = Subject("2.13.0", "cpu")  # torch from ./wheelhouse
 CUDA = Subject("2.4.1", "12.1")  # torch and its nvidia-* wheels from PyPI
 TEAMS = {"a": ["six==1.16.0"], "b": ["tqdm"], "a-bumped": ["six==1.17.0"]}
+FORMS = ("one-layer", "layered")
 
 
 def run(command: list[str], env: dict[str, str] | None = None) -> str:
@@ -138,7 +142,8 @@ def manifest_layers(registry: RegistryServer, repository: str, tag: str) -> dict
 class Form:
     """One form's figures."""
 
-    cold: float = 0.0
+    cold: float = 0.0  # the median of the cold builds of A
+    colds: list[float] = field(default_factory=list)  # each cold build of A, in order
     size: int = 0
     stored_one: int = 0
     stored_two: int = 0
@@ -183,13 +188,33 @@ def push(registry: RegistryServer, team: str, tag: str) -> tuple[str, int]:
     return remote, blob_bytes(registry) - before
 
 
-def measure(form: str, work: Path, common: list[str], tag: str) -> Form:
+def cold_build(path: Path, common: list[str]) -> float:
+    """Team A's cold build from no image of the benchmark's and an empty build cache:
+    BuildKit's cache mounts (uv's cache, which would hold the other form's wheels) outlive
+    --no-cache."""
     forget()
+    run(["docker", "builder", "prune", "-af"])
+    return build(path, common, cold=True)
+
+
+def earlier_colds(work: Path, common: list[str], rounds: int) -> dict[str, list[float]]:
+    """Team A's cold builds of both forms, alternated `rounds` times, before the forms are
+    measured (whose own cold build is the last of each form's)."""
+    found: dict[str, list[float]] = {form: [] for form in FORMS}
+    for _ in range(rounds):
+        for form in FORMS:
+            found[form].append(cold_build(work / form / "a" / "team.yaml", common))
+    forget()
+    return found
+
+
+def measure(form: str, work: Path, common: list[str], tag: str, colds: list[float]) -> Form:
     figures = Form()
     registry = RegistryServer(work / f"registry-{form}")
     try:
         paths = {team: work / form / team / "team.yaml" for team in TEAMS}
-        figures.cold = build(paths["a"], common, cold=True)
+        figures.colds = [*colds, cold_build(paths["a"], common)]
+        figures.cold = statistics.median(figures.colds)
         image = json.loads(
             run(["docker", "image", "inspect", f"envbuild-bench/layers-a-torch:{tag}"])
         )
@@ -223,6 +248,11 @@ def measure(form: str, work: Path, common: list[str], tag: str) -> Form:
     return figures
 
 
+def runs(seconds: list[float]) -> str:
+    """Each run's seconds, when there were several."""
+    return f" ({', '.join(f'{value:.1f}' for value in seconds)})" if len(seconds) > 1 else ""
+
+
 def mb(size: int) -> str:
     return f"{size / 1e6:,.1f} MB"
 
@@ -232,6 +262,10 @@ def main() -> None:
     parser.add_argument("--base-image", default="envbuild/base:bookworm")
     parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
     parser.add_argument("--builder", choices=("classic", "buildkit"), default="classic")
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="N",
+        help="team A's cold builds of both forms, alternated N times: the median is shown",
+    )  # fmt: skip
     parser.add_argument(
         "--cuda", action="store_true",
         help=f"the torch {CUDA.version} CUDA {CUDA.cuda} entry (from PyPI) instead of the CPU one",
@@ -258,13 +292,13 @@ def main() -> None:
             copied.write_text(lock.read_text())
             without_annotations(copied)
         building = [*common, "--builder", options.builder]
-        results = {
-            form: measure(form, work, building, subject.tag) for form in ("one-layer", "layered")
-        }
+        colds = earlier_colds(work, building, max(options.repeat, 1) - 1)
+        results = {form: measure(form, work, building, subject.tag, colds[form]) for form in FORMS}
     old, new = results["one-layer"], results["layered"]
     rows = [
         ("layers in the image", f"{new.layers}", f"{old.layers}", "<= 12"),
-        ("cold build of team A (--no-cache)", f"{new.cold:.1f} s", f"{old.cold:.1f} s",
+        ("cold build of team A (--no-cache)" + (", median" if len(new.colds) > 1 else ""),
+         f"{new.cold:.1f} s" + runs(new.colds), f"{old.cold:.1f} s" + runs(old.colds),
          f"<= 1.05x: {new.cold / old.cold:.2f}x"),
         ("image size", mb(new.size), mb(old.size), f"<= 1.01x: {new.size / old.size:.3f}x"),
         ("registry after A, then after A and B", f"{mb(new.stored_one)}, {mb(new.stored_two)}",
