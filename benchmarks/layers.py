@@ -248,6 +248,14 @@ def measure(form: str, work: Path, common: list[str], tag: str, colds: list[floa
     return figures
 
 
+def positive(text: str) -> int:
+    """--repeat's value: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        msg = f"{text!r} is not a whole number of at least 1"
+        raise argparse.ArgumentTypeError(msg)
+    return int(text)
+
+
 def runs(seconds: list[float]) -> str:
     """Each run's seconds, when there were several."""
     return f" ({', '.join(f'{value:.1f}' for value in seconds)})" if len(seconds) > 1 else ""
@@ -263,7 +271,7 @@ def main() -> None:
     parser.add_argument("--ca-bundle", default="/etc/ssl/certs/ca-certificates.crt")
     parser.add_argument("--builder", choices=("classic", "buildkit"), default="classic")
     parser.add_argument(
-        "--repeat", type=int, default=1, metavar="N",
+        "--repeat", type=positive, default=1, metavar="N",
         help="team A's cold builds of both forms, alternated N times: the median is shown",
     )  # fmt: skip
     parser.add_argument(
@@ -292,7 +300,7 @@ def main() -> None:
             copied.write_text(lock.read_text())
             without_annotations(copied)
         building = [*common, "--builder", options.builder]
-        colds = earlier_colds(work, building, max(options.repeat, 1) - 1)
+        colds = earlier_colds(work, building, options.repeat - 1)
         results = {form: measure(form, work, building, subject.tag, colds[form]) for form in FORMS}
     old, new = results["one-layer"], results["layered"]
     rows = [
