@@ -324,8 +324,9 @@ def framework_image(entry: Entry, dockerfile: str, lock: str, key: str) -> Frame
     )
 
 
-def _buildkit_values() -> dict[str, str]:
-    """What partials/install.j2 needs for BuildKit: the install RUN's mounts and their root."""
+def _buildkit_values() -> dict[str, object]:
+    """What partials/install.j2 needs for BuildKit: each install part's RUN mounts (by its
+    `part`: framework, team, whole) and their root."""
     root = BUILDKIT_ROOT
     secrets, inputs = f"{root}/{install_env.SECRETS_DIR}", f"{root}/{install_env.INPUTS_DIR}"
 
@@ -339,9 +340,11 @@ def _buildkit_values() -> dict[str, str]:
 
     return {
         "root": root,
-        "mounts": mounts(INPUTS_DIR, UV_CACHE),
-        "framework_mounts": mounts(FRAMEWORK_INPUTS_DIR, UV_CACHE),
-        "team_mounts": mounts(INPUTS_DIR, TEAM_UV_CACHE),
+        "mounts": {
+            "framework": mounts(FRAMEWORK_INPUTS_DIR, UV_CACHE),
+            "team": mounts(INPUTS_DIR, TEAM_UV_CACHE),
+            "whole": mounts(INPUTS_DIR, UV_CACHE),
+        },
     }
 
 
