@@ -250,3 +250,44 @@ def test_a_client_two_engines_wrap_still_reads_what_a_container_prints(
         assert frames.logs() == b"plain\n"
     finally:
         frames.remove(force=True)
+
+
+@pytest.mark.parametrize("quoted", [False, True], ids=["one-instruction", "through-the-api"])
+def test_a_classic_build_labels_the_image_exactly_in_one_step(
+    docker_client: docker.DockerClient,
+    engine: Engine,
+    base_image: str,
+    tmp_path: Path,
+    quoted: bool,
+) -> None:
+    """The classic builder's labels are one LABEL instruction added to the Dockerfile sent
+    (a step each through its API): the image has exactly the labels given, words the builder
+    would expand or unquote kept as they are. One that cannot be written so (a quote) goes
+    through the API, with the same result."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nENV NAME=value\nRUN true\n")
+    labels = {
+        TEST_LABEL: "1",
+        "org.example.expanded": "$NAME ${NAME:-x} $HOME",
+        "org.example.spaced": ' a  b "c" \\d = e ',
+        "org.example.empty": "",
+        "org.example.quote": "it's" if quoted else "its",
+    }
+    image_id = engine.build(
+        tmp_path, tag=None, labels=labels, build_args={}, on_line=lambda _: None
+    )
+    try:
+        image = docker_client.images.get(image_id)
+        own = {name: value for name, value in image.labels.items() if name in labels}
+        assert own == labels
+        # The history, newest first: what the build added after its RUN.
+        after_run = []
+        for step in image.history():
+            if "true" in str(step["CreatedBy"]):
+                break
+            after_run.append(str(step["CreatedBy"]))
+        assert len([step for step in after_run if "LABEL" in step]) == (
+            len(labels) if quoted else 1
+        )
+        assert [path.name for path in tmp_path.iterdir()] == ["Dockerfile"]
+    finally:
+        docker_client.images.remove(image_id, force=True)

@@ -1,0 +1,78 @@
+"""The classic builder's labels as one LABEL instruction of the Dockerfile sent
+(docker_engine.labelled_dockerfile): the same labels, or the API's way when they cannot be
+written there as they are."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envbuild.engine.docker_engine import labelled_dockerfile
+
+DOCKERFILE = "FROM envbuild/base:bookworm\nRUN true\n"
+# What a label may hold and still be written in single quotes: printable (Python's sense: no
+# control character, no space but " "), no quote.
+WRITABLE = st.text(st.characters(blacklist_characters="'"), max_size=40).filter(str.isprintable)
+
+
+def labels_of(text: str) -> dict[str, str]:
+    """The labels of the last line of `text`, read back as the builder reads single quotes."""
+    last = text.rstrip("\n").splitlines()[-1]
+    assert last.startswith("LABEL ")
+    return dict(re.findall(r"'([^']*)'='([^']*)'", last))
+
+
+@given(st.dictionaries(WRITABLE.filter(bool), WRITABLE, min_size=1, max_size=6))
+def test_writable_labels_are_one_instruction_after_the_dockerfile(
+    tmp_path_factory: pytest.TempPathFactory, labels: dict[str, str]
+) -> None:
+    path = tmp_path_factory.mktemp("context") / "Dockerfile"
+    path.write_text(DOCKERFILE)
+    text = labelled_dockerfile(path, labels)
+    assert text is not None
+    assert text.startswith(DOCKERFILE)
+    assert text.count("\nLABEL ") == 1
+    assert labels_of(text) == labels
+
+
+@given(
+    st.dictionaries(WRITABLE.filter(bool), WRITABLE, max_size=3),
+    st.sampled_from(["'", "\n", "\r", "\t", "\x00", "\x1b", "\u2028", "\x85", "\xa0"]),
+    st.booleans(),
+)
+def test_a_label_that_cannot_be_written_in_quotes_goes_through_the_api(
+    tmp_path_factory: pytest.TempPathFactory, labels: dict[str, str], bad: str, in_name: bool
+) -> None:
+    path = tmp_path_factory.mktemp("context") / "Dockerfile"
+    path.write_text(DOCKERFILE)
+    name, value = ("org.example.bad" + bad, "v") if in_name else ("org.example.bad", f"a{bad}b")
+    assert labelled_dockerfile(path, {**labels, name: value}) is None
+
+
+@pytest.mark.parametrize(
+    "dockerfile",
+    [
+        "FROM scratch\nRUN true \\\n",  # the last line continues: the LABEL would join it
+        "# escape=`\nFROM scratch\nRUN true `\n",
+        "# Escape = `\nFROM scratch\n",
+        "\udcff".encode("utf-8", "surrogateescape").decode("latin-1") + "\nFROM scratch\n",
+    ],
+)
+def test_a_dockerfile_the_label_could_not_follow_as_written_is_left_alone(
+    tmp_path: Path, dockerfile: str
+) -> None:
+    path = tmp_path / "Dockerfile"
+    path.write_bytes(dockerfile.encode("latin-1"))
+    assert labelled_dockerfile(path, {"org.example.a": "1"}) is None
+
+
+def test_no_labels_or_no_dockerfile_is_none(tmp_path: Path) -> None:
+    path = tmp_path / "Dockerfile"
+    assert labelled_dockerfile(path, {"org.example.a": "1"}) is None  # missing
+    path.write_text(DOCKERFILE)
+    assert labelled_dockerfile(path, {}) is None
+    assert labelled_dockerfile(path, {"": "1"}) is None
