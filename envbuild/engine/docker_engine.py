@@ -81,6 +81,10 @@ _PROBE_SCRIPT = (
     "python3 -c 'import sys; print(\"python=%d.%d\" % sys.version_info[:2])'; fi"
 )
 
+# How many times a copy into a container is tried when the engine answers 5xx, and the seconds
+# before the first retry (doubled at each further try).
+_COPY_TRIES = 3
+_COPY_BACKOFF = 0.5
 # How many times a push tags again after a concurrent publisher dropped the shared local tag,
 # and how many times it tries again after the registry answered a transient error.
 _PUSH_TRIES = 4
@@ -725,7 +729,7 @@ class DockerEngine:
         container = str(_document(created)["Id"])
         try:
             for path, data in (files or {}).items():
-                api.put_archive(container, "/", _tar_of(path, data))
+                self._copy_in(container, _tar_of(path, data))
             api.start(container)
             timed_out = False
             try:
@@ -768,6 +772,26 @@ class DockerEngine:
                 log.warning("container %s is left behind: %s", container[:12], message)
                 return False
         return True
+
+    def _copy_in(self, container: str, archive: bytes) -> None:
+        """Unpack `archive` at the root of the (created) `container`, tried again after an answer
+        of 5xx: Podman's copy runs a helper process, and answered 500 ("passing bulk input to
+        subprocess: write |1: broken pipe") once in a run where the same copy succeeded before
+        and after. Unpacking the same files again is harmless."""
+        for attempt in range(_COPY_TRIES):
+            try:
+                self._client.api.put_archive(container, "/", archive)
+                return
+            except docker.errors.APIError as exc:
+                status = exc.status_code or 0
+                if status < 500 or attempt == _COPY_TRIES - 1:
+                    raise
+                wait = _COPY_BACKOFF * 2**attempt
+                shown = printable(_short(exc), 300)
+                log.info(
+                    "copy into container %s: %s; retrying in %g s", container[:12], shown, wait
+                )
+                time.sleep(wait)
 
     def remove_leftovers(self) -> int:
         """Remove stopped containers that only a dead run leaves: envbuild's smoke containers and

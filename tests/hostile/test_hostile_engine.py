@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -419,3 +420,27 @@ def test_an_engine_without_buildkit_is_named_in_one_line_with_the_builder_to_use
     assert all("serves no BuildKit session" in line for line in named), named
     assert all(line.endswith("use --builder classic") for line in named), named
     assert engine.left_behind() == []
+
+
+def test_a_copy_into_a_container_is_tried_again_after_a_5xx_but_not_forever(tmp_path: Path) -> None:
+    """The payload's copy into the smoke container (Podman answered it 500 once, in a run where
+    it succeeded before and after): a 5xx is tried again, twice at most; a 4xx is not."""
+    smoke = next(command for command in COMMANDS if command.name == "smoke")
+    (archive,) = PAYLOAD
+
+    def copies(folder: str, **hostile: Any) -> tuple[int, Run]:
+        (tmp_path / folder).mkdir()
+        with HostileEngine(endpoint=archive, **hostile) as engine:
+            ran = run(smoke, tmp_path / folder, engine)
+        ended_cleanly(ran)
+        return engine.asked().count(archive), ran
+
+    well, as_well = copies("well")
+    assert well >= 1
+    once, ran = copies("once", answer="500", times=1)
+    assert once == well + 1
+    assert ran.result.returncode == as_well.result.returncode
+    errors = [line for line in ran.lines if line.startswith("envbuild: error:")]
+    assert errors == [line for line in as_well.lines if line.startswith("envbuild: error:")]
+    assert copies("always", answer="502-html")[0] == 3
+    assert copies("refused", answer="404", times=1)[0] == 1

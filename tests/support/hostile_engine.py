@@ -6,7 +6,8 @@ connect, clean up leftovers, probe a base image in a container, build an image, 
 tag and push it: versioned paths (/v1.41/...), chunked JSON streams for builds and pushes, and
 multiplexed logs. Containers, images and networks are kept, so a test can tell what a run left
 behind. One endpoint (`ENDPOINTS`) can be made to answer with one of `HOSTILE_ANSWERS` every time
-it is asked: an error status, garbage, an HTML page, nothing, a stall, a body cut short.
+it is asked, or the first `times` times: an error status, garbage, an HTML page, nothing, a stall,
+a body cut short.
 
 It is not the real engine: nothing runs, and a build only reports an image id.
 """
@@ -167,6 +168,7 @@ class HostileEngine:
 
     endpoint: str | None = None
     answer: str | None = None
+    times: int | None = None  # how many asks of `endpoint` get `answer` (None: every one)
     missing: tuple[str, ...] = ()  # images that are not there until pulled
     # What a probe container prints: the OS and Python of every base image.
     probe_output: str = "os=debian bookworm\npython=3.11\n"
@@ -176,6 +178,7 @@ class HostileEngine:
     removed: list[str] = field(default_factory=list)  # container ids, in order
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: Iterator[int] = field(default_factory=itertools.count)
+    _answered: int = 0  # asks of `endpoint` so far
 
     def __post_init__(self) -> None:
         if self.endpoint is not None and self.endpoint not in ENDPOINT_NAMES:
@@ -208,7 +211,11 @@ class HostileEngine:
         """The answer to one request: the hostile one at `endpoint`, else the engine's."""
         name = self.endpoint_of(seen)
         if name is not None and name == self.endpoint and self.answer is not None:
-            return HOSTILE_ANSWERS[self.answer]()
+            with self._lock:
+                hostile = self.times is None or self._answered < self.times
+                self._answered += 1
+            if hostile:
+                return HOSTILE_ANSWERS[self.answer]()
         path = _unversioned(seen.path)
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(seen.path).query)
         with self._lock:
