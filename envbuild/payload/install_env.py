@@ -45,6 +45,7 @@ import concurrent.futures
 import contextlib
 import csv
 import fnmatch
+import functools
 import glob
 import hashlib
 import html
@@ -445,27 +446,37 @@ def recorded_sources(dist_info: str) -> list[str]:
     return found
 
 
-def _compile(paths: list[str]) -> int:
-    """Byte-compile `paths` (in a worker process): how many did not compile."""
+def _compile(paths: list[str], clamp: tuple[int, int] | None = None) -> int:
+    """Byte-compile `paths` (in a worker process): how many did not compile. With `clamp`
+    (since_ns, epoch), each source this step wrote gets the epoch first (clamp_time), so that
+    its .pyc records that time."""
     failed = 0
     # Timestamp-based whatever the environment says (SOURCE_DATE_EPOCH would make it a checked
     # hash, which hashes every source at every import); clamped times keep the .pyc the same.
     timestamp = py_compile.PycInvalidationMode.TIMESTAMP
+    now_ns = time.time_ns() + 1_000_000_000
     for path in paths:
         try:
+            if clamp is not None:
+                since_ns, epoch = clamp
+                clamp_time(path, os.lstat(path), since_ns, epoch * 1_000_000_000, now_ns)
             py_compile.compile(path, doraise=True, invalidation_mode=timestamp)
         except (py_compile.PyCompileError, OSError, ValueError):
             failed += 1
     return failed
 
 
-def compile_bytecode(venv: str, before: set[str]) -> tuple[int, int]:
+def compile_bytecode(
+    venv: str, before: set[str], clamp: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """Byte-compile the sources of the distributions installed in `venv` since `before` (its
     dist_infos then), on every core: (files compiled, files that did not compile). Only what
     this step installed: uv's --compile-bytecode walks the whole venv again in every step, and
     a folder of tests nothing imports is left out (TEST_FOLDERS). A file that does not compile
     (a package's deliberately broken fixture, Python 2 leftovers) is counted, not fatal, as
-    with pip and uv. Each .pyc is the one Python would write on import (timestamp-based)."""
+    with pip and uv. Each .pyc is the one Python would write on import (timestamp-based).
+    `clamp` (since_ns, epoch): each source is given the epoch as it is compiled (_compile), as
+    the step's last clamp_step would, and no walk of the whole file system is needed first."""
     sources = [
         path for info in sorted(dist_infos(venv) - before) for path in recorded_sources(info)
     ]
@@ -473,11 +484,12 @@ def compile_bytecode(venv: str, before: set[str]) -> tuple[int, int]:
         return 0, 0
     chunks = [sources[i : i + COMPILE_CHUNK] for i in range(0, len(sources), COMPILE_CHUNK)]
     workers = min(os.cpu_count() or 1, len(chunks))
+    task = functools.partial(_compile, clamp=clamp)
     try:
         with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-            failed = sum(pool.map(_compile, chunks))
+            failed = sum(pool.map(task, chunks))
     except (OSError, NotImplementedError):  # no semaphores (no /dev/shm): one process
-        failed = sum(map(_compile, chunks))
+        failed = sum(map(task, chunks))
     return len(sources) - failed, failed
 
 
@@ -509,6 +521,15 @@ def mount_points() -> set[str]:
     return found
 
 
+def clamp_time(path: str, info: os.stat_result, since_ns: int, epoch_ns: int, now_ns: int) -> int:
+    """Give `path` (`info`, its lstat) the time `epoch_ns` if it was modified at or after
+    `since_ns` but not after `now_ns`, without following a link: 1 if it was, else 0."""
+    if not since_ns <= info.st_mtime_ns <= now_ns:
+        return 0
+    os.utime(path, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
+    return 1
+
+
 def clamp_times(
     root: str, since_ns: int, epoch: int, skip: set[str] | frozenset[str] = frozenset()
 ) -> int:
@@ -520,10 +541,7 @@ def clamp_times(
     now_ns = time.time_ns() + 1_000_000_000
 
     def clamp(path: str, info: os.stat_result) -> int:
-        if not since_ns <= info.st_mtime_ns <= now_ns:
-            return 0
-        os.utime(path, ns=(epoch_ns, epoch_ns), follow_symlinks=False)
-        return 1
+        return clamp_time(path, info, since_ns, epoch_ns, now_ns)
 
     clamped = 0
     pending = [root]
@@ -777,8 +795,9 @@ def install(
     clock.done("install")
     if epoch is not None:
         stamp_uv_cache_info(venv, before, epoch)
-        clamp_step(epoch, since_ns)
-    compiled, failed = compile_bytecode(venv, before)
+    # The sources get the epoch as they are compiled; the rest of what the step changed gets it
+    # at its end (main's clamp_step), in the one walk of the whole file system a step needs.
+    compiled, failed = compile_bytecode(venv, before, None if epoch is None else (since_ns, epoch))
     clock.done("bytecode")
     print(
         f"envbuild install: {compiled} files byte-compiled"

@@ -677,6 +677,30 @@ def test_bytecode_is_compiled_for_what_the_step_installed_but_not_its_tests(
     assert install_env.compile_bytecode(str(venv), install_env.dist_infos(str(venv))) == (0, 0)
 
 
+def test_with_an_epoch_each_source_gets_it_as_it_is_compiled_and_its_pyc_records_it(
+    tmp_path: Path,
+) -> None:
+    """No walk of the file system before the bytecode: the step's sources get the epoch one by
+    one, so each .pyc is the bytes Python reads as current after the step's last clamp; a
+    source older than the step keeps its time, and its .pyc records that time."""
+    venv, site = empty_venv(tmp_path)
+    before = install_env.dist_infos(str(venv))
+    files = {"pkg/__init__.py": "A = 1\n", "pkg/old.py": "B = 2\n", "pkg/tests/t.py": "T = 1\n"}
+    since = time.time_ns() - 10**9
+    fake_distribution(site, "pkg", files, list(files))
+    old = since - 3600 * 10**9
+    os.utime(site / "pkg" / "old.py", ns=(old, old))
+    epoch = 315532800
+    assert install_env.compile_bytecode(str(venv), before, (since, epoch)) == (2, 0)
+    tag = sys.implementation.cache_tag
+    for name, at in (("__init__", epoch), ("old", old // 10**9)):
+        assert (site / "pkg" / f"{name}.py").stat().st_mtime_ns // 10**9 == at
+        pyc = (site / "pkg" / "__pycache__" / f"{name}.{tag}.pyc").read_bytes()
+        assert struct.unpack("<I", pyc[8:12])[0] == at
+    # not compiled, so not clamped here: the step's last walk does it
+    assert (site / "pkg" / "tests" / "t.py").stat().st_mtime_ns >= since
+
+
 def test_a_steps_times_are_clamped_to_the_epoch_and_nothing_older_or_skipped_is_touched(
     tmp_path: Path,
 ) -> None:
