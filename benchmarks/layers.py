@@ -261,6 +261,12 @@ def runs(seconds: list[float]) -> str:
     return f" ({', '.join(f'{value:.1f}' for value in seconds)})" if len(seconds) > 1 else ""
 
 
+def judged(ratio: float, limit: float, *, percent: bool = False) -> str:
+    """`ratio` against its target `limit`, to three figures, and whether it is met."""
+    shown = f"{100 * ratio:.2f}%" if percent else f"{ratio:.3f}x"
+    return f"{shown}, {'met' if ratio <= limit else 'MISSED'}"
+
+
 def mb(size: int) -> str:
     return f"{size / 1e6:,.1f} MB"
 
@@ -304,23 +310,23 @@ def main() -> None:
         results = {form: measure(form, work, building, subject.tag, colds[form]) for form in FORMS}
     old, new = results["one-layer"], results["layered"]
     rows = [
-        ("layers in the image", f"{new.layers}", f"{old.layers}", "<= 12"),
+        ("layers in the image", f"{new.layers}", f"{old.layers}", f"<= 12: {'met' if new.layers <= 12 else 'MISSED'}"),
         ("cold build of team A (--no-cache)" + (", median" if len(new.colds) > 1 else ""),
          f"{new.cold:.1f} s" + runs(new.colds), f"{old.cold:.1f} s" + runs(old.colds),
-         f"<= 1.05x: {new.cold / old.cold:.2f}x"),
-        ("image size", mb(new.size), mb(old.size), f"<= 1.01x: {new.size / old.size:.3f}x"),
+         f"<= 1.05x: {judged(new.cold / old.cold, 1.05)}"),
+        ("image size", mb(new.size), mb(old.size), f"<= 1.01x: {judged(new.size / old.size, 1.01)}"),
         ("registry after A, then after A and B", f"{mb(new.stored_one)}, {mb(new.stored_two)}",
          f"{mb(old.stored_one)}, {mb(old.stored_two)}",
-         f"<= 1.1x: {new.stored_two / new.stored_one:.3f}x (one layer {old.stored_two / old.stored_one:.2f}x)"),
+         f"<= 1.1x: {judged(new.stored_two / new.stored_one, 1.1)} (one layer {old.stored_two / old.stored_one:.2f}x)"),
         ("B's push against A's", mb(new.second_push), mb(old.second_push),
-         f"<= 5%: {100 * new.second_push / new.first_push:.2f}% (one layer {100 * old.second_push / old.first_push:.0f}%)"),
+         f"<= 5%: {judged(new.second_push / new.first_push, 0.05, percent=True)} (one layer {100 * old.second_push / old.first_push:.0f}%)"),
         ("rebuild after bumping six against A's cold build", f"{new.bump_build:.1f} s",
          f"{old.bump_build:.1f} s",
-         f"<= 0.15x: {new.bump_build / new.cold:.2f}x (one layer {old.bump_build / old.cold:.2f}x)"),
+         f"<= 0.15x: {judged(new.bump_build / new.cold, 0.15)} (one layer {old.bump_build / old.cold:.2f}x)"),
         ("the bump's push against the image", mb(new.bump_push), mb(old.bump_push),
-         f"<= 5%: {100 * new.bump_push / new.first_push:.2f}% (one layer {100 * old.bump_push / old.first_push:.0f}%)"),
+         f"<= 5%: {judged(new.bump_push / new.first_push, 0.05, percent=True)} (one layer {100 * old.bump_push / old.first_push:.0f}%)"),
         ("the bump's pull by a node holding A", mb(new.bump_pull), mb(old.bump_pull),
-         f"<= 5%: {100 * new.bump_pull / new.first_push:.2f}% (one layer {100 * old.bump_pull / old.first_push:.0f}%)"),
+         f"<= 5%: {judged(new.bump_pull / new.first_push, 0.05, percent=True)} (one layer {100 * old.bump_pull / old.first_push:.0f}%)"),
     ]  # fmt: skip
     print(f"entry: {subject.entry_id}, builder: {options.builder}")
     print("| measure | layered | one layer | target |\n| --- | --- | --- | --- |")
