@@ -26,7 +26,6 @@ import socket
 import ssl
 import struct
 import tarfile
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -36,6 +35,7 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import docker
 import docker.errors
+import docker.utils.build
 import requests
 import urllib3.exceptions
 from docker.types import DeviceRequest
@@ -46,7 +46,7 @@ from envbuild.core.errors import (
     EngineFailed,
     EnvbuildError,
 )
-from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place, scratch_prefix
+from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
 from envbuild.core.labels import INSTALL_STAGE, STAGE
 from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
@@ -428,20 +428,28 @@ class DockerEngine:
         if secrets:
             msg = "the classic builder has no secret mounts; build with BuildKit"
             raise BuildFailed(msg)
-        with tempfile.TemporaryDirectory(prefix=scratch_prefix("dockerfile")) as scratch:
-            # The labels as one instruction of the Dockerfile sent, where they can be: the
-            # classic builder makes a step of each label given through its API (a container
-            # made and committed, 0.04-0.05 s each here), and the image's labels are the same.
-            labelled = None if target else labelled_dockerfile(context_dir / "Dockerfile", labels)
-            dockerfile = None
+        # The labels as one instruction of the Dockerfile sent, where they can be: the classic
+        # builder makes a step of each label given through its API (a container made and
+        # committed, 0.04-0.05 s each here), and the image's labels are the same.
+        labelled = None if target else labelled_dockerfile(context_dir / "Dockerfile", labels)
+        with contextlib.ExitStack() as stack:
+            context: dict[str, Any] = {"path": str(context_dir)}
             if labelled is not None:
-                dockerfile = str(Path(scratch) / "Dockerfile")
-                Path(dockerfile).write_text(labelled, encoding="utf-8")
+                # The context's archive made here, the labelled Dockerfile in it under a name of
+                # its own, and that one name sent: docker-py, given a Dockerfile outside the
+                # context, sends the name and the text both as `dockerfile`, and Podman reads
+                # the text as a path.
+                archive = docker.utils.build.tar(
+                    context_dir, dockerfile=(LABELLED_DOCKERFILE, labelled)
+                )
+                stack.callback(archive.close)
+                context = {
+                    "fileobj": archive,
+                    "custom_context": True,
+                    "dockerfile": LABELLED_DOCKERFILE,
+                }
             stream: Iterator[dict[str, Any]] = self._client.api.build(
-                path=str(context_dir),
-                # Outside the context: docker-py sends it in the context's archive, under a
-                # name of its own (.dockerfile.<random>), which no COPY of envbuild's names.
-                dockerfile=dockerfile,
+                **context,
                 tag=tag,
                 labels=labels if labelled is None else None,
                 buildargs=build_args,
@@ -851,6 +859,10 @@ def _built_image(stream: Iterator[dict[str, Any]], on_line: Callable[[str], None
     if image_id is None:
         raise BuildFailed(build_error("the engine reported no image id", last_lines))
     return image_id
+
+
+# The labelled Dockerfile's name in the classic builder's context: no COPY of envbuild's names it.
+LABELLED_DOCKERFILE = ".envbuild.Dockerfile"
 
 
 def labelled_dockerfile(path: Path, labels: Mapping[str, str]) -> str | None:

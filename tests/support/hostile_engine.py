@@ -15,11 +15,14 @@ It is not the real engine: nothing runs, and a build only reports an image id.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import json
 import re
+import shlex
 import socket
 import struct
+import tarfile
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -262,7 +265,7 @@ class HostileEngine:
             "GET /networks": lambda: _json([{"Name": n, "Id": _id(n)} for n in self.networks]),
             "GET /networks/{name}": lambda: self._network(parts[1]),
             "POST /networks/create": lambda: self._network_made(seen),
-            "POST /build": lambda: self._build(query),
+            "POST /build": lambda: self._build(query, seen.body),
         }
         if name is None:
             return _json({"message": f"page not found: {seen.method} {path}"}, 404)
@@ -386,9 +389,24 @@ class HostileEngine:
         self.networks.append(name)
         return _json({"Id": _id(name), "Warning": ""}, 201)
 
-    def _build(self, query: dict[str, list[str]]) -> Answer:
+    def _build(self, query: dict[str, list[str]], context: bytes) -> Answer:
+        """An image id for the build, its labels those of the query and of the Dockerfile's
+        LABEL instructions; the Dockerfile read as Podman reads it: the one `dockerfile` value
+        (the last of several), a file of the context's archive."""
+        name = query.get("dockerfile", ["Dockerfile"])[-1]
+        try:
+            with tarfile.open(fileobj=io.BytesIO(context)) as archive:
+                member = archive.extractfile(name)
+                dockerfile = member.read().decode() if member is not None else None
+        except (tarfile.TarError, KeyError):
+            dockerfile = None
+        if dockerfile is None:
+            return _stream([{"error": f"stat /var/tmp/build/{name}: no such file or directory"}])
         image_id = "sha256:" + _id(f"image-{next(self._ids)}")
         labels = json.loads(query.get("labels", ["{}"])[0])
+        for line in dockerfile.replace("\\\n", " ").splitlines():  # continued lines joined
+            if line.startswith("LABEL "):
+                labels |= dict(word.split("=", 1) for word in shlex.split(line[len("LABEL ") :]))
         for tag in query.get("t", []):
             self.images[tag] = (image_id, labels)
         self.images[image_id] = (image_id, labels)
