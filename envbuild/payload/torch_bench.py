@@ -336,13 +336,17 @@ def run_throughput(state, doc, clock):
         if why is not None:
             found[(model, precision)] = {"model": model, "precision": precision, "unsupported": why}
             continue
-        # An equal part of what is left: what a figure leaves unused goes to the next ones.
-        piece = bench.Clock(piece_seconds(clock.left(), todo))
-        todo -= 1
         figure = None
-        if piece.left() >= MIN_FIGURE_S:
+        if clock.left() >= MIN_FIGURE_S:
+            # Made before the figure's piece is measured out: the first model made pays for
+            # torch's first use (seconds on a GPU, where CUDA starts), which no figure's
+            # piece should, or the first figure has no time left on every host.
             trainer = Trainer(torch, model, precision, batch, state.device)
-            figure = state.train_figure(trainer, batch, piece)
+            # An equal part of what is left: what a figure leaves unused goes to the next ones.
+            piece = bench.Clock(piece_seconds(clock.left(), todo))
+            if piece.left() >= MIN_FIGURE_S:
+                figure = state.train_figure(trainer, batch, piece)
+        todo -= 1
         log_figure(f"throughput {model} {precision}", figure)
         if figure is None:
             why = "no time left in the budget"
