@@ -4,7 +4,7 @@ For a machine with an NVIDIA GPU and a CUDA torch in its python3 but no Docker (
 machine lent to some sessions): the payloads run directly, as they do inside an image.
 Prints one line per figure and writes everything to $OUT/gpu_probe.json (or ./gpu_probe.json).
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_probe.py
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_probe.py [SECTION ...]   (all without one)
 
 Sections (each on its own, a failure is recorded and the rest go on):
   payload-torch, payload-jax  the smoke payloads as `envbuild smoke` runs them (JSON report)
@@ -14,6 +14,11 @@ Sections (each on its own, a failure is recorded and the rest go on):
   amp       bf16 matrix product throughput; an autocast training step against float32
   loader    DataLoader with 2 worker processes feeding GPU steps; /dev/shm's size
   checkpoint  save model + optimizer, load into a fresh model, the loss goes on falling
+  bench     the torch bench payload as `envbuild bench` runs it (ENVBUILD_BENCH_BUDGET_S
+            150): fp32, bf16 and fp16 with loss scaling, the batch sweeps, NCCL over every GPU
+  bench-oom the same under a cap of 1 GiB of GPU memory
+            (torch.cuda.set_per_process_memory_fraction), so that the batch sweeps end where
+            CUDA runs out of memory, as on a smaller card
   static    cuda_static.py against the installed CUDA libraries: the fatbin targets of
             libtorch_cuda.so against torch.cuda.get_arch_list() and cuobjdump; the versions
             cuDNN, NCCL, cuBLAS and the CUDA runtime report about themselves
@@ -61,15 +66,23 @@ def section(name: str):  # type: ignore[no-untyped-def]
     return wrap
 
 
-def payload(name: str, timeout: float, *args: str) -> dict[str, Any]:
+def payload(
+    name: str, timeout: float, *args: str, env: dict[str, str] | None = None, prelude: str = ""
+) -> dict[str, Any]:
+    """Run payload `name` as the image runs it; `prelude`: Python run first, in its process."""
     started = time.perf_counter()
+    command = [sys.executable, str(PAYLOADS / name), *args]
+    if prelude:
+        run_it = f"import runpy, sys; sys.argv = {[name, *args]!r}; runpy.run_path({name!r}, run_name='__main__')"
+        command = [sys.executable, "-c", f"{prelude}\n{run_it}"]
     process = subprocess.run(
-        [sys.executable, str(PAYLOADS / name), *args],
+        command,
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=str(PAYLOADS),
         check=False,
+        env={**os.environ, **(env or {})},
     )
     wall = time.perf_counter() - started
     report = json.loads(process.stdout)
@@ -120,6 +133,68 @@ def payload_jax() -> dict[str, Any]:
 @section("payload-cuda-static")
 def payload_cuda_static() -> dict[str, Any]:
     return payload("cuda_static.py", 300, "torch")
+
+
+BENCH_BUDGET_S = 150
+OOM_CAP_BYTES = 2**30
+
+
+def bench_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """What the bench measured, in short: the throughput per model and precision, where each
+    batch sweep stopped, the all-reduce; the whole report stays in gpu_probe.json."""
+    report = run["report"]
+    throughput = {
+        f"{r.get('model')} {r.get('precision')}": (
+            f"{r['median']:.0f} samples/s, loss {r.get('loss')}"
+            if r.get("median")
+            else r.get("unsupported") or r.get("skipped") or r
+        )
+        for r in report.get("throughput", {}).get("results", [])
+    }
+    sweeps = {
+        f"{s['model']} {s['precision']}": {
+            "points": [(p["batch"], round(p["peak_bytes"] / 2**30, 2)) for p in s["points"]],
+            "largest_fit": s["largest_fit"],
+            "stopped": s["stopped"],
+        }
+        for s in report.get("batch", {}).get("sweeps", [])
+    }
+    allreduce = report.get("allreduce", {})
+    points = allreduce.get("points") or []
+    return {
+        "exit": run["exit"],
+        "wall_s": run["wall_s"],
+        "status": report.get("status"),
+        "errors": report.get("errors"),
+        "skipped": report.get("skipped"),
+        "throughput": throughput,
+        "sweeps": sweeps,
+        "allreduce": {
+            "backend": allreduce.get("backend"),
+            "world_size": allreduce.get("world_size"),
+            "correct": allreduce.get("correct"),
+            "sizes": len(points),
+            "largest": points[-1] if points else None,
+        },
+        "stderr_tail": run["stderr_tail"],
+    }
+
+
+@section("bench")
+def bench_run() -> dict[str, Any]:
+    budget = {"ENVBUILD_BENCH_BUDGET_S": str(BENCH_BUDGET_S)}
+    return bench_summary(payload("torch_bench.py", BENCH_BUDGET_S + 120, env=budget))
+
+
+@section("bench-oom")
+def bench_oom() -> dict[str, Any]:
+    import torch
+
+    fraction = OOM_CAP_BYTES / torch.cuda.get_device_properties(0).total_memory
+    prelude = f"import torch; torch.cuda.set_per_process_memory_fraction({fraction!r})"
+    budget = {"ENVBUILD_BENCH_BUDGET_S": str(BENCH_BUDGET_S)}
+    run = payload("torch_bench.py", BENCH_BUDGET_S + 120, env=budget, prelude=prelude)
+    return {"cap_bytes": OOM_CAP_BYTES, **bench_summary(run)}
 
 
 def _model(torch, width: int = 1024):  # type: ignore[no-untyped-def]
@@ -377,16 +452,28 @@ def static() -> dict[str, Any]:
     return figures
 
 
+SECTIONS = {
+    "environment": environment,
+    "payload-torch": payload_torch,
+    "payload-jax": payload_jax,
+    "payload-cuda-static": payload_cuda_static,
+    "static": static,
+    "compile": compile_step,
+    "amp": amp,
+    "loader": loader,
+    "checkpoint": checkpoint,
+    "bench": bench_run,
+    "bench-oom": bench_oom,
+}
+
+
 def main() -> None:
-    environment()
-    payload_torch()
-    payload_jax()
-    payload_cuda_static()
-    static()
-    compile_step()
-    amp()
-    loader()
-    checkpoint()
+    asked = sys.argv[1:] or list(SECTIONS)
+    unknown = [name for name in asked if name not in SECTIONS]
+    if unknown:
+        sys.exit(f"gpu_probe: no section {unknown[0]!r}; sections: {', '.join(SECTIONS)}")
+    for name in asked:
+        SECTIONS[name]()
     print("sections ok:", {name: result["ok"] for name, result in RESULTS.items()})
 
 
