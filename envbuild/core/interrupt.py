@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM end a run cleanly: what this process made is found again and removed.
 
 Everything a run leaves on the host while it works is marked with this process's run id:
-smoke containers carry it as a label, temporary build contexts as a folder-name prefix. On an
+smoke containers carry it as a label, temporary build contexts and files (the combined CA
+bundle) as a name prefix. On an
 interrupt the main thread removes them (worker threads may still be blocked on the engine),
 then the process exits at once with 130 (SIGINT) or 143 (SIGTERM); closing its connections
 makes the engine abandon a build in progress, and the classic builder then removes its
@@ -10,6 +11,7 @@ intermediate container itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -85,9 +87,13 @@ def scratch_prefix(kind: str) -> str:
 
 
 def remove_scratch() -> int:
-    """Remove this run's temporary folders; return how many there were."""
+    """Remove this run's temporary folders and files; return how many there were."""
     removed = 0
     for path in Path(tempfile.gettempdir()).glob(f"envbuild-{run_id()}-*"):
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
         removed += 1
     return removed

@@ -20,6 +20,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envbuild.core.interrupt import scratch_prefix
+
 if TYPE_CHECKING:
     import requests
 
@@ -59,8 +61,10 @@ def verify_setting(bundle: Path | None) -> str | bool:
         return True
     data = Path(default_store()).read_bytes().rstrip(b"\n") + b"\n" + bundle.read_bytes()
     key = hashlib.sha256(data).hexdigest()
-    if key not in _combined:
-        fd, name = tempfile.mkstemp(prefix="envbuild-ca-", suffix=".pem")
+    if key not in _combined or not Path(_combined[key]).is_file():
+        # Named as this run's scratch: an interrupt, which ends the process without its atexit
+        # handlers, removes it with the run's other scratch (core/interrupt.remove_scratch).
+        fd, name = tempfile.mkstemp(prefix=scratch_prefix("ca"), suffix=".pem")
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         atexit.register(_remove, name)

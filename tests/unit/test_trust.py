@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +25,7 @@ import trustme
 from click.testing import CliRunner, Result
 
 from envbuild.cli.main import main
+from envbuild.core.interrupt import remove_scratch, scratch_prefix
 from envbuild.core.models import NO_FRAMEWORK_INDEX, BuildOptions, Entry, Selection
 from envbuild.knowledge.load import load_knowledge
 from envbuild.lock.uv import refused_index
@@ -204,6 +206,23 @@ def test_the_verify_file_holds_the_default_store_and_the_bundle_once(
     assert verify_setting(ca_pem) == first  # one file per bundle and store, not one per session
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other_pem.parent / "gone.pem"))
     assert default_store() != str(other_pem.parent / "gone.pem")  # a missing file is no store
+
+
+def test_an_interrupt_removes_the_verify_file_and_a_later_request_makes_it_again(
+    ca_pem: Path,
+) -> None:
+    """An interrupt ends the process with os._exit, so no atexit handler runs: the combined file
+    is this run's scratch, which the interrupt removes with the rest (it was left in /tmp)."""
+    first = Path(str(verify_setting(ca_pem)))
+    assert first.name.startswith(scratch_prefix("ca")), first
+    other = Path(tempfile.gettempdir()) / f"{scratch_prefix('context')}x"
+    other.mkdir()
+    assert remove_scratch() >= 2
+    assert not first.exists()
+    assert not other.exists()
+    again = Path(str(verify_setting(ca_pem)))
+    assert again.is_file()
+    assert ca_pem.read_bytes().strip() in again.read_bytes()
 
 
 def test_trusting_sets_the_bundle_for_its_block_only(ca_pem: Path) -> None:
