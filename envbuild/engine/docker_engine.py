@@ -866,11 +866,12 @@ LABELLED_DOCKERFILE = ".envbuild.Dockerfile"
 
 
 def labelled_dockerfile(path: Path, labels: Mapping[str, str]) -> str | None:
-    """The Dockerfile at `path` with `labels` as one LABEL instruction at its end, each name and
-    value in single quotes (no escape, no variable: the text as it is); None when there are
-    none, or when they cannot be written so (a quote or a control character, an unreadable
-    Dockerfile, one whose last line continues or that changes its escape character): then
-    they go through the API, as before."""
+    """The Dockerfile at `path` with `labels` in one LABEL instruction at its end, each name and
+    value in single quotes (no escape, no variable: the text as it is): added to the Dockerfile's
+    own last instruction when that is a LABEL (envbuild's are: one step fewer), else a LABEL
+    of their own. None when there are none, or when they cannot be written so (a quote or a
+    control character, an unreadable Dockerfile, one whose last line continues or that changes
+    its escape character): then they go through the API, as before."""
     words = []
     for name, value in sorted(labels.items()):
         if not name or any(char == "'" or not char.isprintable() for char in name + value):
@@ -884,7 +885,23 @@ def labelled_dockerfile(path: Path, labels: Mapping[str, str]) -> str | None:
         return None
     if text.endswith(("\\", "`")) or re.search(r"(?im)^#\s*escape\s*=", text):
         return None
+    if re.match(r"(?i)\s*LABEL\s", _last_instruction(text.split("\n"))):
+        return f"{text} \\\n      {' '.join(words)}\n"
     return f"{text}\nLABEL {' '.join(words)}\n"
+
+
+def _last_instruction(lines: list[str]) -> str:
+    """The first line of the Dockerfile's last instruction (`lines`, its text without a line
+    break at its end): a line belongs to the one before it when the last line before it that is
+    neither blank nor a comment ends with a backslash (Docker's reading)."""
+    first = len(lines) - 1
+    while True:
+        before = first - 1
+        while before >= 0 and (not lines[before].strip() or lines[before].lstrip().startswith("#")):
+            before -= 1
+        if before < 0 or not lines[before].rstrip(" \t").endswith("\\"):
+            return lines[first]
+        first = before
 
 
 def _bindable(address: str) -> bool:

@@ -76,3 +76,40 @@ def test_no_labels_or_no_dockerfile_is_none(tmp_path: Path) -> None:
     path.write_text(DOCKERFILE)
     assert labelled_dockerfile(path, {}) is None
     assert labelled_dockerfile(path, {"": "1"}) is None
+
+
+OWN_LABEL = 'FROM envbuild/base:bookworm\nRUN true\nLABEL org.envbuild.stage="image" \\\n      org.envbuild.user="1000:1000"\n'
+
+
+@given(st.dictionaries(WRITABLE.filter(bool), WRITABLE, min_size=1, max_size=6))
+def test_labels_join_the_dockerfiles_own_last_label_one_step_fewer(
+    tmp_path_factory: pytest.TempPathFactory, labels: dict[str, str]
+) -> None:
+    path = tmp_path_factory.mktemp("context") / "Dockerfile"
+    path.write_text(OWN_LABEL)
+    text = labelled_dockerfile(path, labels)
+    assert text is not None
+    assert text.startswith(OWN_LABEL.rstrip("\n"))
+    assert text.count("LABEL") == 1  # the classic builder makes one step of one instruction
+    # The instruction as the builder reads it: the continued lines joined, then its words.
+    instruction = text.split("\nLABEL ", 1)[1].replace("\\\n", " ")
+    assert dict(re.findall(r"'([^']*)'='([^']*)'", instruction)) == labels
+    assert 'org.envbuild.stage="image"' in instruction
+
+
+@pytest.mark.parametrize(
+    "dockerfile",
+    [
+        "FROM scratch\nRUN true \\\n# a comment inside the RUN\nLABEL a=b\n",  # LABEL a=b is the RUN's
+        "FROM scratch\nRUN true \\  \nLABEL a=b\n",  # spaces after the backslash: still continued
+        "FROM scratch\nLABEL a=b\n# a comment after it\n",
+        "FROM scratch\nLABEL a=b\nRUN true\n",
+    ],
+)
+def test_labels_after_an_instruction_that_is_not_a_label_are_a_label_of_their_own(
+    tmp_path: Path, dockerfile: str
+) -> None:
+    path = tmp_path / "Dockerfile"
+    path.write_text(dockerfile)
+    text = labelled_dockerfile(path, {"org.example.a": "1"})
+    assert text == dockerfile.rstrip() + "\nLABEL 'org.example.a'='1'\n"
