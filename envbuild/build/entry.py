@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -451,6 +452,14 @@ def _found(engine: Engine, entry: Entry, existing: ImageInfo, start: float) -> B
     )
 
 
+def serves(dockerfile: str) -> bool:
+    """Whether a classic build of `dockerfile` needs envbuild's build server: whether it takes
+    the server's URL (`ARG ENVBUILD_SERVE`). One that installs nothing (an entry whose packages
+    are all its framework image's, templates/partials/install.j2) does not, and is not given
+    the argument, which the classic builder would say went unused."""
+    return re.search(rf"(?m)^ARG {SERVE_ARG}$", dockerfile) is not None
+
+
 def _build(
     engine: Engine,
     context: BuildContext,
@@ -495,6 +504,12 @@ def _build(
                 )  # fmt: skip
         folder = Path(tmp) / "context"
         write_context(context, folder)
+        if not serves(context.dockerfile):  # it installs nothing
+            return engine.build(
+                folder, tag=tag, labels=labels, build_args=context.build_args,
+                on_line=on_line, network=network, no_cache=no_cache,
+                platform=context.entry.platform,
+            )  # fmt: skip
         # The server lives exactly as long as the build: its URL, kept in the image history by
         # the classic builder, names a closed port afterwards.
         gateway = engine.bridge_gateway(network=network)

@@ -271,6 +271,8 @@ def render_entry(
         "cuda_lock": CUDA_LOCK_NAME,
         "buildkit": _buildkit_values() if options.builder == BUILDKIT else None,
         "framework_lock": FRAMEWORK_LOCK_NAME if framework else None,
+        # How many of the lock's pins the team's step installs above the framework image.
+        "team_packages": len(pins(lock.text).items() - pins(framework).items()) if framework else 0,
         "epoch": EPOCH,
     }
     environment = _environment()

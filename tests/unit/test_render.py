@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.build.entry import serves
 from envbuild.build.render import (
     EPOCH,
     FRAMEWORK_INPUTS_DIR,
@@ -28,6 +29,7 @@ from envbuild.cli.options import build_options_from
 from envbuild.core.errors import BadInput
 from envbuild.core.models import (
     BUILDKIT,
+    CLASSIC,
     NO_FRAMEWORK_INDEX,
     BaseProbe,
     BuildOptions,
@@ -215,13 +217,41 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     for name in names:
         assert (folder / name).stat().st_mtime == EPOCH, name
     assert (folder / "framework.Dockerfile").read_text() == framework.dockerfile
-    assert all(f"install_env.py --epoch {EPOCH} " in line for line in installs)
+    # The framework's steps give what they changed the fixed time; the team's layer holds the
+    # times of its last commands anyway (the lock's move, the whiteouts), so its step does not.
+    *below, team = installs
+    assert all(f"install_env.py --epoch {EPOCH} " in line for line in below)
+    assert "--epoch" not in team
     assert f"SOURCE_DATE_EPOCH={EPOCH} useradd " in framework.dockerfile
     # Without annotations (a lock written by hand) the lock is one install, as before.
     plain = render_entry(entry(knowledge, "2.4.1", "12.1"), BuildOptions(), None, CUDA_LOCK)
     assert plain.framework_lock == ""
     assert plain.framework_image is None
     assert "framework.lock" not in plain.dockerfile
+
+
+@pytest.mark.parametrize("builder", [CLASSIC, BUILDKIT])
+def test_a_lock_of_the_framework_alone_installs_nothing_above_it(
+    knowledge: Knowledge, builder: str
+) -> None:
+    """Every pin of the lock is the framework's: the entry's image puts the lock into the venv
+    and removes the installer and the locks, with no installer run and no build server."""
+    without_six = re.sub(r"six==1\.17\.0 \\\n    --hash=\S+\n", "", ANNOTATED_LOCK.text)
+    framework_alone = dataclasses.replace(ANNOTATED_LOCK, text=without_six)
+    assert "six" not in framework_alone.text
+    options = BuildOptions(builder=builder)
+    context = render_entry(entry(knowledge, "2.4.1", "12.1"), options, None, framework_alone)
+    assert context.framework_image is not None
+    steps = context.dockerfile.splitlines()
+    assert "COPY envbuild.lock /opt/venv/" in steps
+    assert "RUN rm -f /install_env.py /framework.lock /cuda.lock" in steps
+    assert "install_env.py /opt/venv" not in context.dockerfile
+    assert not serves(context.dockerfile)
+    # With a package of the team's, the installer runs above the framework, served.
+    teams = render_entry(entry(knowledge, "2.4.1", "12.1"), options, None, ANNOTATED_LOCK)
+    assert "install_env.py" in teams.dockerfile.split("RUN ", 1)[1]
+    assert serves(teams.dockerfile) == (builder == CLASSIC)
+    assert serves(teams.framework_image.dockerfile) == (builder == CLASSIC)
 
 
 def test_with_buildkit_the_frameworks_runs_bind_its_wheels_alone(

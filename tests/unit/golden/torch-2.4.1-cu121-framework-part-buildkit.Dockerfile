@@ -12,7 +12,7 @@ RUN --mount=type=secret,id=envbuild-config,target=/run/envbuild/secrets/config.j
     --mount=type=secret,id=envbuild-ca,target=/run/envbuild/secrets/ca.crt \
     --mount=type=bind,source=envbuild-inputs,target=/run/envbuild/inputs \
     --mount=type=cache,id=envbuild-uv-team,target=/run/envbuild/cache \
-    python3 /install_env.py --mounted /run/envbuild --epoch 315532800 /opt/venv /envbuild.lock \
+    python3 /install_env.py --mounted /run/envbuild /opt/venv /envbuild.lock \
  && mv /envbuild.lock /opt/venv/envbuild.lock \
  && rm -f /install_env.py /framework.lock /cuda.lock
 # CUDA 12.1, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;

@@ -9,7 +9,7 @@ LABEL org.envbuild.stage="install"
 # The URL of envbuild's build server: it serves uv, the CA bundle, the index settings and the
 # wheelhouse while this build runs, and is closed when it ends; the URL grants nothing after.
 ARG ENVBUILD_SERVE
-RUN python3 /install_env.py --epoch 315532800 /opt/venv /envbuild.lock \
+RUN python3 /install_env.py /opt/venv /envbuild.lock \
  && mv /envbuild.lock /opt/venv/envbuild.lock \
  && rm -f /install_env.py /framework.lock /cuda.lock
 # CUDA 12.1, cuDNN and NCCL come from the framework's nvidia-* wheels in /opt/venv;
