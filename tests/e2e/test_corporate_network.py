@@ -30,7 +30,7 @@ from tests.support.corp_network import (
     CorpNetwork,
     corp_network,
 )
-from tests.support.docker_support import REPO, envbuild, needles_in_layers
+from tests.support.docker_support import REPO, envbuild, needles_in_layers, output_of
 from tests.support.fault_support import run_containers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.extended]
@@ -199,6 +199,19 @@ def test_a_locked_image_is_built_smoke_tested_published_and_verified_through_the
     assert entry["smoke"]["passed"] is True, entry["smoke"]
     assert "smoke report of image" in team.runs["verify"].stdout
     assert ": passed" in team.runs["verify"].stdout
+    # Its lock (numpy: false, no packages) is the framework's closure alone: nothing is installed
+    # above the framework image, and the image keeps the lock in the venv and no installer.
+    lock = (team.folder / "team.lock" / f"{ENTRY}.txt").read_text()
+    kept = output_of(
+        docker_client, entry["entry"]["image"],
+        ["sh", "-c", "ls -A /; echo ===; cat /opt/venv/envbuild.lock"], network_mode="none",
+    ).decode()  # fmt: skip
+    top, _, kept_lock = kept.partition("===\n")
+    assert kept_lock == lock
+    assert not {"install_env.py", "framework.lock", "envbuild.lock", "cuda.lock"} & set(top.split())
+    log = next((team.folder / "cache" / "envbuild" / "logs").rglob(f"{ENTRY}.log")).read_text()
+    assert "RUN rm -f /install_env.py /framework.lock" in log
+    assert "/opt/venv /envbuild.lock" not in log  # no installer ran for the team's part
     # The routes were the network's: uv on this host and the build's RUN step reached the index
     # through squid (as the proxy's user) and mitmproxy, which decrypted what they fetched.
     squid = corp.logs("proxy")
