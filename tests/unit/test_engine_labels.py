@@ -19,24 +19,32 @@ DOCKERFILE = "FROM envbuild/base:bookworm\nRUN true\n"
 WRITABLE = st.text(st.characters(blacklist_characters="'"), max_size=40).filter(str.isprintable)
 
 
-def labels_of(text: str) -> dict[str, str]:
-    """The labels of the last line of `text`, read back as the builder reads single quotes."""
-    last = text.rstrip("\n").splitlines()[-1]
-    assert last.startswith("LABEL ")
-    return dict(re.findall(r"'([^']*)'='([^']*)'", last))
+# A Dockerfile that ends in a LABEL of its own, as envbuild's do.
+OWN_LABEL = (
+    'FROM envbuild/base:bookworm\nRUN true\nLABEL org.envbuild.stage="image" \\\n'
+    '      org.envbuild.user="1000:1000"\n'
+)
 
 
-@given(st.dictionaries(WRITABLE.filter(bool), WRITABLE, min_size=1, max_size=6))
-def test_writable_labels_are_one_instruction_after_the_dockerfile(
-    tmp_path_factory: pytest.TempPathFactory, labels: dict[str, str]
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, OWN_LABEL], ids=["ends-in-run", "ends-in-label"]
+)
+@given(labels=st.dictionaries(WRITABLE.filter(bool), WRITABLE, min_size=1, max_size=6))
+def test_writable_labels_are_one_label_instruction_at_the_dockerfiles_end(
+    tmp_path_factory: pytest.TempPathFactory, dockerfile: str, labels: dict[str, str]
 ) -> None:
+    """A LABEL of their own after a Dockerfile that ends otherwise; added to the Dockerfile's
+    own last LABEL when it ends in one (the classic builder makes a step of each instruction)."""
     path = tmp_path_factory.mktemp("context") / "Dockerfile"
-    path.write_text(DOCKERFILE)
+    path.write_text(dockerfile)
     text = labelled_dockerfile(path, labels)
     assert text is not None
-    assert text.startswith(DOCKERFILE)
-    assert text.count("\nLABEL ") == 1
-    assert labels_of(text) == labels
+    assert text.startswith(dockerfile.rstrip("\n"))
+    assert text.count("LABEL") == 1
+    # The last instruction as the builder reads it: its continued lines joined, then its words.
+    instruction = text.rsplit("\nLABEL ", 1)[1].replace("\\\n", " ")
+    assert dict(re.findall(r"'([^']*)'='([^']*)'", instruction)) == labels
+    assert ('org.envbuild.stage="image"' in instruction) == (dockerfile == OWN_LABEL)
 
 
 @given(
@@ -76,25 +84,6 @@ def test_no_labels_or_no_dockerfile_is_none(tmp_path: Path) -> None:
     path.write_text(DOCKERFILE)
     assert labelled_dockerfile(path, {}) is None
     assert labelled_dockerfile(path, {"": "1"}) is None
-
-
-OWN_LABEL = 'FROM envbuild/base:bookworm\nRUN true\nLABEL org.envbuild.stage="image" \\\n      org.envbuild.user="1000:1000"\n'
-
-
-@given(st.dictionaries(WRITABLE.filter(bool), WRITABLE, min_size=1, max_size=6))
-def test_labels_join_the_dockerfiles_own_last_label_one_step_fewer(
-    tmp_path_factory: pytest.TempPathFactory, labels: dict[str, str]
-) -> None:
-    path = tmp_path_factory.mktemp("context") / "Dockerfile"
-    path.write_text(OWN_LABEL)
-    text = labelled_dockerfile(path, labels)
-    assert text is not None
-    assert text.startswith(OWN_LABEL.rstrip("\n"))
-    assert text.count("LABEL") == 1  # the classic builder makes one step of one instruction
-    # The instruction as the builder reads it: the continued lines joined, then its words.
-    instruction = text.split("\nLABEL ", 1)[1].replace("\\\n", " ")
-    assert dict(re.findall(r"'([^']*)'='([^']*)'", instruction)) == labels
-    assert 'org.envbuild.stage="image"' in instruction
 
 
 @pytest.mark.parametrize(
