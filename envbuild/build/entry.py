@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -504,27 +505,26 @@ def _build(
                 )  # fmt: skip
         folder = Path(tmp) / "context"
         write_context(context, folder)
-        if not serves(context.dockerfile):  # it installs nothing
-            return engine.build(
-                folder, tag=tag, labels=labels, build_args=context.build_args,
-                on_line=on_line, network=network, no_cache=no_cache,
-                platform=context.entry.platform,
-            )  # fmt: skip
         # The server lives exactly as long as the build: its URL, kept in the image history by
-        # the classic builder, names a closed port afterwards.
-        gateway = engine.bridge_gateway(network=network)
-        with serve_build(gateway, context.served) as url:
+        # the classic builder, names a closed port afterwards. A build that installs nothing
+        # has none, and no proxy.
+        server: contextlib.AbstractContextManager[str] = contextlib.nullcontext("")
+        gateway = ""
+        if serves(context.dockerfile):
+            gateway = engine.bridge_gateway(network=network)
+            server = serve_build(gateway, context.served)
+        with server as url:
             return engine.build(
                 folder,
                 tag=tag,
                 labels=labels,
-                build_args={**context.build_args, SERVE_ARG: url},
+                build_args={**context.build_args, **({SERVE_ARG: url} if url else {})},
                 on_line=on_line,
                 network=network,
                 no_cache=no_cache,
                 proxy=(
                     with_direct(proxy, gateway)
-                    if proxy is not None and not proxy.empty and network
+                    if url and proxy is not None and not proxy.empty and network
                     else None
                 ),
                 platform=context.entry.platform,
