@@ -10,7 +10,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.support.docker_support import TEST_INDEX, envbuild
+from tests.support.docker_support import TEST_INDEX, envbuild, output_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.extended]
 
@@ -81,9 +81,9 @@ def test_a_small_package_bumped_leaves_the_framework_layers_as_they_were(
     assert "): built before on this engine" in logs["new"]
     assert "/opt/venv /framework.lock" not in logs["new"]
     # Each image still installs exactly its lock.
-    frozen = docker_client.containers.run(
-        images["new"].id, ["/opt/venv/bin/python", "-c", "import six; print(six.__version__)"],
-        remove=True,
+    frozen = output_of(
+        docker_client, images["new"].id,
+        ["/opt/venv/bin/python", "-c", "import six; print(six.__version__)"],
     )  # fmt: skip
     assert frozen.decode().strip() == "1.17.0"
 
