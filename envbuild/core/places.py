@@ -102,6 +102,12 @@ def contexts_dir() -> Path:
     return cache_dir() / "contexts"
 
 
+def base_probes_dir() -> Path:
+    """Where what a probe found in each base image is recorded, by image id
+    (envbuild.engine.probe_records)."""
+    return cache_dir() / "base-probes"
+
+
 def lock_cache_dir() -> Path:
     """Where locks of builds without a matrix live."""
     return cache_dir() / "locks"

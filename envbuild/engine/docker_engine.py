@@ -52,7 +52,7 @@ from envbuild.core.models import BUILDKIT, CLASSIC, BaseProbe, ProxySettings
 from envbuild.core.names import split_tag
 from envbuild.core.platforms import platform_of
 from envbuild.core.settings import seconds_setting
-from envbuild.engine import buildkit
+from envbuild.engine import buildkit, probe_records
 from envbuild.engine.build_errors import build_error
 from envbuild.engine.interface import EngineInfo, ImageInfo, RunResult
 from envbuild.engine.leftovers import left_behind
@@ -638,17 +638,24 @@ class DockerEngine:
     # Containers.
 
     def probe_base(self, ref: str, platform: str | None = None) -> BaseProbe:
-        """Which OS a base image holds and which python3, if any (runs a throwaway container)."""
+        """Which OS a base image holds and which python3, if any: what a throwaway container
+        found in an image of the same id before (probe_records), else what one finds now."""
         image = self.image(ref) or self._pull(ref, platform)
-        result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
-        fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
-        os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
+        found = probe_records.recalled(image.id, _PROBE_SCRIPT)
+        if found is None:
+            result = self.run(ref, ["/bin/sh", "-c", _PROBE_SCRIPT], timeout=60)
+            fields = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+            os_id, _, codename = fields.get("os", "unknown unknown").partition(" ")
+            found = probe_records.ProbeFindings(
+                os_id=os_id, os_codename=codename, python=fields.get("python")
+            )
+            probe_records.remember(image.id, _PROBE_SCRIPT, found)
         return BaseProbe(
             ref=ref,
             image_id=image.id,
-            os_id=os_id,
-            os_codename=codename,
-            python=fields.get("python"),
+            os_id=found.os_id,
+            os_codename=found.os_codename,
+            python=found.python,
             platform=image.platform,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ import requests
 from envbuild.core import labels as label_keys
 from envbuild.core.errors import EnvbuildError
 from envbuild.core.interrupt import RUN_LABEL, RUN_PLACE_LABEL, run_id, run_place
+from envbuild.engine import probe_records
 from envbuild.engine.docker_engine import RUN_OUTPUT_MAX, DockerEngine
 from envbuild.engine.interface import Engine
 from tests.support.docker_support import TEST_LABEL, derive, envbuild
@@ -34,6 +36,28 @@ def test_probe_reads_os_and_python(engine: Engine, base_image: str) -> None:
     probe = engine.probe_base(base_image)
     assert (probe.os_id, probe.os_codename, probe.python) == ("debian", "bookworm", None)
     assert probe.image_id.startswith("sha256:")
+
+
+def test_a_probe_is_recorded_by_image_id_and_read_back_instead_of_running_a_container(
+    engine: Engine, base_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = engine.probe_base(base_image)
+    path = probe_records.record_path(first.image_id)
+    assert path is not None
+    record = json.loads(path.read_text())
+    found = {key: record[key] for key in ("os_id", "os_codename", "python")}
+    assert found == {"os_id": "debian", "os_codename": "bookworm", "python": None}
+    # What the record says is what the next probe answers: no container looked again.
+    record["os_codename"] = "recorded"
+    path.write_text(json.dumps(record))
+    second = engine.probe_base(base_image)
+    assert (second.os_codename, second.image_id) == ("recorded", first.image_id)
+    # A record that is not one is probed again, and written over.
+    path.write_text("{not json")
+    third = engine.probe_base(base_image)
+    assert third == first
+    assert json.loads(path.read_text())["os_codename"] == "bookworm"
 
 
 def test_a_base_whose_python_cannot_match_is_refused_before_building(base_image: str) -> None:
