@@ -141,7 +141,7 @@ OOM_CAP_BYTES = 2**30
 
 def bench_summary(run: dict[str, Any]) -> dict[str, Any]:
     """What the bench measured, in short: the throughput per model and precision, where each
-    batch sweep stopped, the all-reduce; the whole report stays in gpu_probe.json."""
+    batch sweep stopped, the all-reduce; then the whole report, kept in gpu_probe.json."""
     report = run["report"]
     throughput = {
         f"{r.get('model')} {r.get('precision')}": (
@@ -177,6 +177,9 @@ def bench_summary(run: dict[str, Any]) -> dict[str, Any]:
             "largest": points[-1] if points else None,
         },
         "stderr_tail": run["stderr_tail"],
+        # Last, so that the printed line shows the summary: the whole report, for the advice
+        # (envbuild.bench.advice reads the sweeps' medians, which the summary leaves out).
+        "report": report,
     }
 
 

@@ -79,7 +79,13 @@ def _gb(value: float) -> str:
 
 
 def precision_advice(doc: dict[str, Any], index: int) -> list[Advice]:
-    """bf16 (and fp16) against fp32, per model: use autocast where it is faster."""
+    """bf16 (and fp16) against fp32, per model: use autocast where it is faster, at the
+    throughput section's batch or, where the batch sweeps measured both, at the largest batch.
+
+    A mixed-precision step that is slower at a small batch says little about the arithmetic: on
+    a large GPU such a step is bound by kernel launches and casts (measured on an H200: bf16
+    0.79x fp32 on the transformer at batch 64). The sweeps' largest common batch says whether
+    the arithmetic is faster; without it, the advice is about the measured batch alone."""
     run = _images(doc)[index]
     base = f"/images/{index}/bench/throughput/results"
     by_key = {
@@ -97,28 +103,89 @@ def precision_advice(doc: dict[str, Any], index: int) -> list[Advice]:
             continue
         ratio = a / b
         figures = f"({fmt(a)} against {fmt(b)} samples/s)"
+        cites: tuple[tuple[str, float], ...] = (
+            (f"{base}/{j}/median", a),
+            (f"{base}/{i}/median", b),
+        )
+        how = "bf16 autocast" if precision == "bf16" else "fp16 autocast with loss scaling"
+        batch = number(mixed.get("batch"))
+        at = f" at batch {fmt(batch)}" if batch is not None else ""
+        large = _largest_common_batch(doc, index, model, precision, batch)
         if _differs(ratio, mixed, fp32) and ratio > 1:
-            how = "bf16 autocast" if precision == "bf16" else "fp16 autocast with loss scaling"
             text = f"{precision} is {_ratio_text(ratio)} fp32 on the {model} here {figures}: train with {how}"
-        elif _differs(ratio, mixed, fp32):
+        elif large is not None and large.faster:
             text = (
-                f"{precision} is {_ratio_text(ratio)} fp32 on the {model} here {figures}: this device "
-                f"has no fast {precision} arithmetic; keep fp32 for speed"
+                f"{precision} is {_ratio_text(large.ratio)} fp32 on the {model} at batch "
+                f"{fmt(large.batch)} here {large.figures}, {_ratio_text(ratio)}{at} {figures}: "
+                f"a small step is bound by launches and casts, not arithmetic; train with {how} "
+                "at large batches"
+            )
+            cites = (*large.cites, *cites)
+        elif _differs(ratio, mixed, fp32):
+            also = ""
+            if large is not None:
+                also = f", {_ratio_text(large.ratio)} at batch {fmt(large.batch)} {large.figures}"
+                cites = (*cites, *large.cites)
+            text = (
+                f"{precision} is {_ratio_text(ratio)} fp32 on the {model}{at} here {figures}{also}: "
+                f"this device gains nothing from {precision} at the batches measured; keep fp32 for speed"
             )
         else:
             text = (
                 f"{precision} and fp32 run alike on the {model} here {figures}: mixed precision "
                 "saves activation memory, not time"
             )
-        advice.append(
-            Advice(
-                image=_name(run),
-                topic="precision",
-                text=text,
-                figures=((f"{base}/{j}/median", a), (f"{base}/{i}/median", b)),
-            )
-        )
+        advice.append(Advice(image=_name(run), topic="precision", text=text, figures=cites))
     return advice
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LargeBatch:
+    """A mixed precision against fp32 at the largest batch both sweeps measured."""
+
+    batch: float
+    ratio: float
+    faster: bool  # beyond MIN_EFFECT and the points' spreads
+    figures: str
+    cites: tuple[tuple[str, float], ...]
+
+
+def _largest_common_batch(
+    doc: dict[str, Any], index: int, model: str, precision: str, above: float | None
+) -> _LargeBatch | None:
+    """`precision` against fp32 on `model` at the largest batch (above `above`) that both
+    batch sweeps measured; None when they did not."""
+    run = _images(doc)[index]
+    points: dict[str, dict[float, tuple[str, dict[str, Any], float]]] = {}
+    for s, sweep in _list(_part(run, "batch"), "sweeps"):
+        if str(sweep.get("model")) != model or str(sweep.get("precision")) not in (
+            "fp32",
+            precision,
+        ):
+            continue
+        found = points.setdefault(str(sweep.get("precision")), {})
+        for k, point in _list(sweep, "points"):
+            size, median = number(point.get("batch")), number(point.get("median"))
+            if size is not None and median is not None and median > 0:
+                found[size] = (
+                    f"/images/{index}/bench/batch/sweeps/{s}/points/{k}/median",
+                    point,
+                    median,
+                )
+    common = set(points.get("fp32", {})) & set(points.get(precision, {}))
+    if precision == "fp32" or not common or (above is not None and max(common) <= above):
+        return None
+    size = max(common)
+    fp32_path, fp32_point, b = points["fp32"][size]
+    mixed_path, mixed_point, a = points[precision][size]
+    ratio = a / b
+    return _LargeBatch(
+        batch=size,
+        ratio=ratio,
+        faster=_differs(ratio, mixed_point, fp32_point) and ratio > 1,
+        figures=f"({fmt(a)} against {fmt(b)} samples/s)",
+        cites=((mixed_path, a), (fp32_path, b)),
+    )
 
 
 def loader_advice(doc: dict[str, Any], index: int) -> list[Advice]:
@@ -284,9 +351,11 @@ def allreduce_advice(doc: dict[str, Any], index: int) -> list[Advice]:
         algbw = number(point.get("algbw_gbps"))
         if algbw is None:
             return []
+        # Not a copy's speed: NCCL's in-place all-reduce over one rank moves nothing (an H200
+        # "reached" 9,948 GB/s at 256 MiB, twice what its memory can copy).
         text = (
-            f"one rank: {backend} copies within one device ({fmt(algbw)} GB/s algbw at {size}); "
-            "bus bandwidth needs 2 or more GPUs"
+            f"one rank: {backend} has nothing to exchange ({fmt(algbw)} GB/s algbw at {size} "
+            "times the call, not a link); bus bandwidth needs 2 or more GPUs"
         )
         cites: tuple[tuple[str, float], ...] = ((f"{base}/algbw_gbps", algbw),)
     else:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from envbuild.bench.advice import (
     advise,
+    allreduce_advice,
     batch_advice,
     cited_text,
     compile_advice,
@@ -207,6 +208,113 @@ def test_precision_advice_keeps_fp32_when_bf16_is_slower_and_calls_a_difference_
         }
     )
     assert "run alike" in precision_advice(noisy, 0)[0].text
+
+
+def _rate_sweep(model: str, precision: str, rates: dict[int, float]) -> dict[str, Any]:
+    points = [
+        {"batch": batch, "peak_bytes": 2**20 * batch,
+         **bench_harness.stats([rate * 0.99, rate, rate * 1.01], "samples/s")}
+        for batch, rate in rates.items()
+    ]  # fmt: skip
+    return {"model": model, "precision": precision, "points": points,
+            "largest_fit": max(rates), "stopped": "batch limit"}  # fmt: skip
+
+
+def _cited_in_text(doc: dict[str, Any], advice: Any) -> None:
+    for path, value in advice.figures:
+        assert pointer(doc, path) == value
+        assert cited_text(path, value) in advice.text
+
+
+# The H200's own figures at batch 64 (benchmarks/gpu_probe.py `bench`, torch 2.11.0+cu130):
+# the tiny transformer's bf16 step is slower than fp32's there, bound by launches and casts.
+H200_BATCH_64 = {"fp32": 19436.0, "bf16": 15331.0}
+
+
+def test_precision_advice_reads_the_largest_batch_both_sweeps_measured_when_the_small_step_is_slower() -> (
+    None
+):
+    doc = one_image(
+        throughput={
+            "results": [
+                _throughput("transformer", precision, rate)
+                for precision, rate in H200_BATCH_64.items()
+            ]
+        },
+        batch={
+            "sweeps": [
+                _rate_sweep("transformer", "fp32", {64: 19000.0, 1024: 200000.0, 2048: 260000.0}),
+                _rate_sweep("transformer", "bf16", {64: 15000.0, 1024: 300000.0, 2048: 440000.0, 4096: 500000.0}),
+            ]
+        },
+    )  # fmt: skip
+    (advice,) = precision_advice(doc, 0)
+    assert advice.text.startswith(
+        "bf16 is 1.69× fp32 on the transformer at batch 2,048 here (440,000 against 260,000 samples/s), "
+        "0.79× at batch 64 (15,331 against 19,436 samples/s)"
+    )
+    assert "train with bf16 autocast at large batches" in advice.text
+    assert "no fast" not in advice.text
+    _cited_in_text(doc, advice)
+
+
+def test_precision_advice_keeps_fp32_when_mixed_precision_is_slower_at_every_batch_measured() -> (
+    None
+):
+    doc = one_image(
+        throughput={
+            "results": [
+                _throughput("transformer", precision, rate)
+                for precision, rate in H200_BATCH_64.items()
+            ]
+        },
+        batch={
+            "sweeps": [
+                _rate_sweep("transformer", "fp32", {64: 19000.0, 2048: 260000.0}),
+                _rate_sweep("transformer", "bf16", {64: 15000.0, 2048: 250000.0}),
+                _rate_sweep("conv", "bf16", {4096: 900000.0}),  # another model: not compared
+            ]
+        },
+    )
+    (advice,) = precision_advice(doc, 0)
+    assert advice.text == (
+        "bf16 is 0.79× fp32 on the transformer at batch 64 here (15,331 against 19,436 samples/s), "
+        "0.96× at batch 2,048 (250,000 against 260,000 samples/s): this device gains nothing "
+        "from bf16 at the batches measured; keep fp32 for speed"
+    )
+    _cited_in_text(doc, advice)
+    # Sweeps that reach no batch above the throughput's own say nothing more.
+    small = one_image(
+        throughput=doc["images"][0]["bench"]["throughput"],
+        batch={
+            "sweeps": [
+                _rate_sweep("transformer", "fp32", {32: 9000.0, 64: 19000.0}),
+                _rate_sweep("transformer", "bf16", {32: 9500.0, 64: 15000.0}),
+            ]
+        },
+    )
+    (advice,) = precision_advice(small, 0)
+    assert (
+        "batch 64 here (15,331 against 19,436 samples/s): this device gains nothing" in advice.text
+    )
+
+
+def test_allreduce_advice_over_one_rank_claims_no_link_speed() -> None:
+    # The H200's largest size over its one GPU (benchmarks/gpu_probe.py `bench`, NCCL 2.28.9):
+    # 256 MiB in 27 microseconds, twice what its memory can copy: NCCL moved nothing.
+    point = {
+        "bytes": 268435456, "iterations": 7465, "seconds": 2.698388412591949e-05,
+        "algbw_gbps": 9947.991725259193, "busbw_gbps": 0.0,
+        "busbw": bench_harness.stats([0.0] * 5, "GB/s"), "correct": True,
+        "note": "one rank: no communication",
+    }  # fmt: skip
+    doc = one_image(allreduce={"backend": "nccl", "world_size": 1, "points": [point]})
+    (advice,) = allreduce_advice(doc, 0)
+    assert advice.text == (
+        "one rank: nccl has nothing to exchange (9,948 GB/s algbw at 256 MiB times the call, "
+        "not a link); bus bandwidth needs 2 or more GPUs"
+    )
+    _cited_in_text(doc, advice)
 
 
 def _loader(step: float, rates: dict[int, float]) -> dict[str, Any]:
