@@ -231,22 +231,18 @@ def _cited_in_text(doc: dict[str, Any], advice: Any) -> None:
 H200_BATCH_64 = {"fp32": 19436.0, "bf16": 15331.0}
 
 
+def h200_transformer(*sweeps: dict[str, Any]) -> dict[str, Any]:
+    """A document of the H200's transformer throughput at batch 64, with these batch sweeps."""
+    results = [_throughput("transformer", p, rate) for p, rate in H200_BATCH_64.items()]
+    return one_image(throughput={"results": results}, batch={"sweeps": list(sweeps)})
+
+
 def test_precision_advice_reads_the_largest_batch_both_sweeps_measured_when_the_small_step_is_slower() -> (
     None
 ):
-    doc = one_image(
-        throughput={
-            "results": [
-                _throughput("transformer", precision, rate)
-                for precision, rate in H200_BATCH_64.items()
-            ]
-        },
-        batch={
-            "sweeps": [
-                _rate_sweep("transformer", "fp32", {64: 19000.0, 1024: 200000.0, 2048: 260000.0}),
-                _rate_sweep("transformer", "bf16", {64: 15000.0, 1024: 300000.0, 2048: 440000.0, 4096: 500000.0}),
-            ]
-        },
+    doc = h200_transformer(
+        _rate_sweep("transformer", "fp32", {64: 19000.0, 1024: 200000.0, 2048: 260000.0}),
+        _rate_sweep("transformer", "bf16", {64: 15000.0, 1024: 300000.0, 2048: 440000.0, 4096: 500000.0}),
     )  # fmt: skip
     (advice,) = precision_advice(doc, 0)
     assert advice.text.startswith(
@@ -261,20 +257,10 @@ def test_precision_advice_reads_the_largest_batch_both_sweeps_measured_when_the_
 def test_precision_advice_keeps_fp32_when_mixed_precision_is_slower_at_every_batch_measured() -> (
     None
 ):
-    doc = one_image(
-        throughput={
-            "results": [
-                _throughput("transformer", precision, rate)
-                for precision, rate in H200_BATCH_64.items()
-            ]
-        },
-        batch={
-            "sweeps": [
-                _rate_sweep("transformer", "fp32", {64: 19000.0, 2048: 260000.0}),
-                _rate_sweep("transformer", "bf16", {64: 15000.0, 2048: 250000.0}),
-                _rate_sweep("conv", "bf16", {4096: 900000.0}),  # another model: not compared
-            ]
-        },
+    doc = h200_transformer(
+        _rate_sweep("transformer", "fp32", {64: 19000.0, 2048: 260000.0}),
+        _rate_sweep("transformer", "bf16", {64: 15000.0, 2048: 250000.0}),
+        _rate_sweep("conv", "bf16", {4096: 900000.0}),  # another model: not compared
     )
     (advice,) = precision_advice(doc, 0)
     assert advice.text == (
@@ -284,14 +270,9 @@ def test_precision_advice_keeps_fp32_when_mixed_precision_is_slower_at_every_bat
     )
     _cited_in_text(doc, advice)
     # Sweeps that reach no batch above the throughput's own say nothing more.
-    small = one_image(
-        throughput=doc["images"][0]["bench"]["throughput"],
-        batch={
-            "sweeps": [
-                _rate_sweep("transformer", "fp32", {32: 9000.0, 64: 19000.0}),
-                _rate_sweep("transformer", "bf16", {32: 9500.0, 64: 15000.0}),
-            ]
-        },
+    small = h200_transformer(
+        _rate_sweep("transformer", "fp32", {32: 9000.0, 64: 19000.0}),
+        _rate_sweep("transformer", "bf16", {32: 9500.0, 64: 15000.0}),
     )
     (advice,) = precision_advice(small, 0)
     assert (
