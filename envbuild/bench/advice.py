@@ -110,7 +110,7 @@ def precision_advice(doc: dict[str, Any], index: int) -> list[Advice]:
         how = "bf16 autocast" if precision == "bf16" else "fp16 autocast with loss scaling"
         batch = number(mixed.get("batch"))
         at = f" at batch {fmt(batch)}" if batch is not None else ""
-        large = _largest_common_batch(doc, index, model, precision, batch)
+        large = _largest_common_batch(run, index, model, precision, batch)
         if _differs(ratio, mixed, fp32) and ratio > 1:
             text = f"{precision} is {_ratio_text(ratio)} fp32 on the {model} here {figures}: train with {how}"
         elif large is not None and large.faster:
@@ -151,11 +151,10 @@ class _LargeBatch:
 
 
 def _largest_common_batch(
-    doc: dict[str, Any], index: int, model: str, precision: str, above: float | None
+    run: dict[str, Any], index: int, model: str, precision: str, above: float | None
 ) -> _LargeBatch | None:
-    """`precision` against fp32 on `model` at the largest batch (above `above`) that both
-    batch sweeps measured; None when they did not."""
-    run = _images(doc)[index]
+    """Mixed `precision` against fp32 on `model` at the largest batch (above `above`) that both
+    batch sweeps of image `index` (`run`) measured; None when they did not."""
     points: dict[str, dict[float, tuple[str, dict[str, Any], float]]] = {}
     for s, sweep in _list(_part(run, "batch"), "sweeps"):
         if str(sweep.get("model")) != model or str(sweep.get("precision")) not in (
@@ -173,7 +172,7 @@ def _largest_common_batch(
                     median,
                 )
     common = set(points.get("fp32", {})) & set(points.get(precision, {}))
-    if precision == "fp32" or not common or (above is not None and max(common) <= above):
+    if not common or (above is not None and max(common) <= above):
         return None
     size = max(common)
     fp32_path, fp32_point, b = points["fp32"][size]

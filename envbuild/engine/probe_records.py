@@ -77,20 +77,17 @@ def recalled(image_id: str, script: str) -> ProbeFindings | None:
         return None
     if data.get("image") != image_id or data.get("script") != script_digest(script):
         return None
-    os_id, codename, python = data.get("os_id"), data.get("os_codename"), data.get("python")
-    if not (_recordable_word(os_id) and _recordable_word(codename)):
+    fields = (data.get("os_id"), data.get("os_codename"), data.get("python"))
+    if not _recordable(fields):
         return None
-    if python is not None and not (isinstance(python, str) and _PYTHON.fullmatch(python)):
-        return None
+    os_id, codename, python = fields
     return ProbeFindings(os_id=os_id, os_codename=codename, python=python)
 
 
 def remember(image_id: str, script: str, findings: ProbeFindings) -> None:
     """Record what `script` found in image `image_id`, when the findings have the shape a record
     may hold; a cache that cannot be written is left as it is."""
-    if not (_recordable_word(findings.os_id) and _recordable_word(findings.os_codename)):
-        return
-    if findings.python is not None and not _PYTHON.fullmatch(findings.python):
+    if not _recordable((findings.os_id, findings.os_codename, findings.python)):
         return
     record = {
         "version": RECORD_VERSION,
@@ -115,5 +112,12 @@ def script_digest(script: str) -> str:
     return hashlib.sha256(script.encode("utf-8")).hexdigest()
 
 
-def _recordable_word(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and _OS_WORD.fullmatch(value) is not None
+def _recordable(fields: tuple[object, object, object]) -> TypeGuard[tuple[str, str, str | None]]:
+    """Whether (os id, os codename, python) have the shape a record may hold, read back or about
+    to be written: what the probe script can print (words of os-release's alphabet; python None
+    or major.minor)."""
+    os_id, os_codename, python = fields
+    words = all(isinstance(w, str) and _OS_WORD.fullmatch(w) for w in (os_id, os_codename))
+    return words and (
+        python is None or (isinstance(python, str) and bool(_PYTHON.fullmatch(python)))
+    )
