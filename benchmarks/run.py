@@ -9,8 +9,8 @@ It builds real images (a few minutes cold; `--cuda` adds torch 2.4.1+cu121 from 
 2.5 GB downloaded twice; `--repeat N` alternates the cold CPU builds N times and shows the
 median) and prints one table. The cold builds compare the same package set on both sides: the
 hand-written Dockerfiles `+cc` install the compiler envbuild's torch images carry (g++ and
-Python's headers, with the apt line of templates/partials/python.j2); those without it are the
-older reference. Every build's output is stamped as it comes, so the table says where each
+Python's headers, the packages of templates/partials/python.j2's apt line); those without it
+are the older reference. Every build's output is stamped as it comes, so the table says where each
 cold build's seconds went (each Dockerfile step, the install step's own phases, the layer
 commit). Peak disk is sampled on Docker's data root while each cold build runs, from a floor
 settled after the previous build's images were removed. Images it makes are labelled
@@ -47,7 +47,8 @@ DATA_ROOT = "/var/lib/docker"
 CLASSIC = {**os.environ, "DOCKER_BUILDKIT": "0", "ENVBUILD_BUILDER": "classic"}
 
 # What a user writes by hand. The OS packages' RUN without the compiler is the older reference;
-# with it, the line is templates/partials/python.j2's (the same packages, the same clean-up).
+# with it, the packages and clean-up of templates/partials/python.j2's line, as a user writes it
+# (without dpkg's --force-unsafe-io and the documentation envbuild leaves out).
 APT = {
     False: "apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \\\n"
     " && rm -rf /var/lib/apt/lists/*",

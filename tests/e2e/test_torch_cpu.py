@@ -112,6 +112,36 @@ def test_no_helper_file_or_credential_reaches_the_image(
     assert listing.strip() == ""
 
 
+def test_the_os_layer_leaves_out_manuals_and_documentation_but_keeps_copyrights(
+    docker_client: docker.DockerClient, first_build: object
+) -> None:
+    # The base has no python3: the OS's own and torch's compiler came from apt (python.j2),
+    # whose packages bring documentation (these three folders hold 28 files without it) and
+    # manuals (ar's, as', c++filt's, python3.11's).
+    docs = "/usr/share/doc/binutils /usr/share/doc/python3.11 /usr/share/doc/libpython3.11-minimal"
+    script = (
+        "cat /etc/dpkg/dpkg.cfg.d/envbuild-excludes; "
+        f"find {docs} -type f | sort; "
+        "for m in ar.1.gz as.1.gz c++filt.1.gz python3.11.1.gz; do "
+        "test -e /usr/share/man/man1/$m && echo MANUAL $m; done; "
+        "command -v g++; test -x /usr/bin/python3.11 && echo /usr/bin/python3.11"
+    )
+    lines = output_of(docker_client, IMAGE, ["sh", "-c", script], network_mode="none")
+    assert lines.decode().splitlines() == [
+        "path-exclude=/usr/share/doc/*",
+        "path-exclude=/usr/share/man/*",
+        "path-exclude=/usr/share/info/*",
+        "path-exclude=/usr/share/locale/*",
+        "path-exclude=/usr/share/lintian/*",
+        "path-include=/usr/share/doc/*/copyright",
+        "/usr/share/doc/binutils/copyright",
+        "/usr/share/doc/libpython3.11-minimal/copyright",
+        "/usr/share/doc/python3.11/copyright",
+        "/usr/bin/g++",
+        "/usr/bin/python3.11",
+    ]
+
+
 def test_the_user_writes_its_home_and_caches_but_not_the_environment(
     docker_client: docker.DockerClient, first_build: object
 ) -> None:

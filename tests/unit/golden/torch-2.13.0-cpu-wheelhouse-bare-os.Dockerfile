@@ -5,7 +5,10 @@ FROM envbuild/base:bookworm AS runtime
 # torch.compile builds its kernels at run time: g++ (with gcc) and Python's headers.
 # hadolint ignore=DL3008
 RUN start=$(date +%s.%N) \
- && apt-get update \
+ && mkdir -p /etc/dpkg/dpkg.cfg.d \
+ && printf 'path-exclude=%s\n' '/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*' > /etc/dpkg/dpkg.cfg.d/envbuild-excludes \
+ && echo 'path-include=/usr/share/doc/*/copyright' >> /etc/dpkg/dpkg.cfg.d/envbuild-excludes \
+ && apt-get update -oAcquire::Languages=none \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -oDpkg::Options::=--force-unsafe-io python3 python3-venv g++ libpython3-dev \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/*_* \

@@ -13,7 +13,10 @@ RUN start=$(date +%s.%N); missing=""; \
     if ! command -v apt-get >/dev/null 2>&1; then \
       echo "envbuild: torch.compile needs$missing in the image and this base has no apt-get; use a base that has them" >&2; exit 1; \
     fi; \
-    if ! apt-get update --error-on=any; then \
+    mkdir -p /etc/dpkg/dpkg.cfg.d \
+ && printf 'path-exclude=%s\n' '/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*' > /etc/dpkg/dpkg.cfg.d/envbuild-excludes \
+ && echo 'path-include=/usr/share/doc/*/copyright' >> /etc/dpkg/dpkg.cfg.d/envbuild-excludes \
+ && if ! apt-get update -oAcquire::Languages=none --error-on=any; then \
       echo "envbuild: torch.compile needs$missing in the image and apt cannot reach the OS archive (an --offline build?); use a base that has them" >&2; exit 1; \
     fi; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -oDpkg::Options::=--force-unsafe-io $missing \
