@@ -517,10 +517,10 @@ def split_verified(
     names those pins without hashes; REST is the lock's other pins with their hash lines (the
     lock itself when no pin is LOCAL's).
     Checked here, not by uv: uv unpacks a wheel whose hash it must check as it reads it, on one
-    core, and one it need not check on every core (the torch CPU wheel: 8.0 to 8.5 s against 4.1
-    to 5.2 s here; its sha256 0.5 s). A wheel of the wheelhouse no hash of the lock names is
-    never linked: its pin stays in REST, where uv refuses it or takes the index's. Pins `venv`
-    holds already (the framework's, under the team's packages) stay in REST unread."""
+    core, and one it need not check on every core (the torch CPU wheel: 8.0 to 8.5 s against
+    4.1 to 5.2 s here; its sha256 0.1 to 0.5 s). A wheel of the wheelhouse no hash of the lock
+    names is never linked: its pin stays in REST, where uv refuses it or takes the index's.
+    Pins `venv` holds already (the framework's, under the team's packages) stay in REST unread."""
     folder = os.path.join(scratch, VERIFIED_NAME)
     have = installed(venv)
     files = sorted(os.listdir(wheels)) if os.path.isdir(wheels) else []
@@ -919,7 +919,10 @@ def install(
             uv_local_command(inputs.uv, verified, venv, requirements, inputs.cache), environment
         )
         if code != 0:
-            msg = f"uv could not install the wheelhouse's wheels of {lock} (exit {code}); see its output above"
+            msg = (
+                f"uv could not install the wheelhouse's wheels of {lock} (exit {code}); "
+                "see its output above"
+            )
             raise InstallError(msg)
     if rest is not None or seeds is not None:
         command = uv_command(inputs.uv, config, inputs.wheels, venv, rest, seeds, inputs.cache)

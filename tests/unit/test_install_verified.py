@@ -191,3 +191,24 @@ def test_a_pin_the_venv_holds_is_not_read_again(tmp_path: Path) -> None:
     assert Path(found[1]).read_text() == "p1==1.0\n"
     assert rest is not None
     assert Path(rest).read_text().startswith("p0==1.0 \\\n")
+
+
+def test_a_wheel_with_the_locks_hash_that_uv_cannot_install_is_one_line(tmp_path: Path) -> None:
+    """The lock names the bytes (so the installer links it) but they are no wheel: uv's first
+    run fails, and the install ends with one line naming the lock."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    broken = wheels / "p0-1.0-py3-none-any.whl"
+    broken.write_bytes(b"not a zip archive")
+    lock = tmp_path / "envbuild.lock"
+    lock.write_text(lock_of({"p0==1.0": broken}))
+    served = ServedInputs(
+        ca_bundle=None, wheels=(broken,), index_url=None, extra_index_urls=(), offline=True
+    )
+    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
+        result = run_installer(base, str(tmp_path / "venv"), str(lock))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"envbuild install: uv could not install the wheelhouse's wheels of {lock} (exit 1); "
+        "see its output above"
+    )
