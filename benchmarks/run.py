@@ -13,13 +13,15 @@ Python's headers, the packages of templates/partials/python.j2's apt line); thos
 are the older reference. Every build's output is stamped as it comes, so the table says where each
 cold build's seconds went (each Dockerfile step, the install step's own phases, the layer
 commit). Peak disk is sampled on Docker's data root while each cold build runs, from a floor
-settled after the previous build's images were removed. Images it makes are labelled
+settled after the previous build's images were removed; each cold build starts with the kernel's
+caches dropped (as root), so that none inherits the memory the one before it left. Images it makes are labelled
 org.envbuild.benchmark and removed at the end; the envbuild images stay as the build cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -166,17 +168,40 @@ def image_size(ref: str) -> int:
     return int(run(["docker", "image", "inspect", ref, "--format", "{{.Size}}"]).stdout.strip())
 
 
+def drop_caches() -> bool:
+    """Write the dirty pages out and drop the kernel's clean page, dentry and inode caches, so
+    that every cold build starts from the same memory (root only: False where it cannot).
+    Without it the same build drifts within a run: envbuild's torch CPU entry took 36.4, 39.5
+    and 40.1 s one after the other here, then 32.8 s right after the caches were dropped and
+    37.5 s after that; dropped before each, three took 33.6, 33.3 and 33.0 s."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n", encoding="ascii")
+    except OSError:
+        return False
+    return True
+
+
 def settle() -> None:
     """Wait until the data root's usage holds still (a removed image's blocks are freed while
-    the next build would already be measured), so that a peak is counted from a steady floor."""
+    the next build would already be measured), so that a peak is counted from a steady floor;
+    then drop the caches (drop_caches)."""
     os.sync()
     last = shutil.disk_usage(DATA_ROOT).used
     for _ in range(100):
         time.sleep(0.3)
         now = shutil.disk_usage(DATA_ROOT).used
         if abs(now - last) < 16 * 2**20:
-            return
+            break
         last = now
+    if not drop_caches():
+        _cannot_drop_caches()
+
+
+@functools.cache
+def _cannot_drop_caches() -> None:
+    print("benchmark: cannot drop the kernel's caches (not root): each cold build starts from "
+          "the memory the one before left, and the figures drift", file=sys.stderr)  # fmt: skip
 
 
 def with_peak_disk(action: Callable[[], object]) -> tuple[float, int]:
