@@ -16,7 +16,7 @@ wheels against the lock's hashes itself and runs
 lock gives for them, holds one for this machine, without their hashes; REST: the other pins, with
 theirs; SEEDS: the OS's own pip and setuptools wheels, those the lock does not pin, which
 `python3 -m venv` would have installed; see split_verified), then byte-compiles what those runs
-installed (see compile_bytecode)
+installed (see Compiler: the first run's files compile while the second downloads)
 
 with the CA bundle in SSL_CERT_FILE and the indexes in uv's environment variables (never on a
 command line), and removes the temporary folder whatever happens. uv's network limits are set
@@ -517,26 +517,28 @@ def split_verified(
     names those pins without hashes; REST is the lock's other pins with their hash lines (the
     lock itself when no pin is LOCAL's).
     Checked here, not by uv: uv unpacks a wheel whose hash it must check as it reads it, on one
-    core, and one it need not check on every core (the torch CPU wheel: 8.0 to 8.5 s against
-    4.1 to 5.2 s here; its sha256 0.1 to 0.5 s). A wheel of the wheelhouse no hash of the lock
+    core, and one it need not check on every core (the torch CPU wheel: 6.7 to 8.5 s against
+    3.5 to 5.2 s here; its sha256 0.1 to 0.5 s). A wheel of the wheelhouse no hash of the lock
     names is never linked: its pin stays in REST, where uv refuses it or takes the index's.
     Pins `venv` holds already (the framework's, under the team's packages) stay in REST unread."""
     folder = os.path.join(scratch, VERIFIED_NAME)
     have = installed(venv)
-    files = sorted(os.listdir(wheels)) if os.path.isdir(wheels) else []
+    offered: dict[tuple[str, str], list[str]] = {}  # (name, version) -> the wheels named so
+    for wheel in sorted(os.listdir(wheels)) if os.path.isdir(wheels) else []:
+        parts = wheel.split("-")
+        if len(parts) >= 5:
+            offered.setdefault((canonical(parts[0]), parts[1].lower()), []).append(wheel)
     local: list[str] = []
     rest: list[str] = []
     for name, version, lines in lock_requirements(lock):
+        # A pin under an environment marker is uv's to decide; one the venv holds stays unread.
+        marked = ";" in lines[0]
+        candidates = [] if marked or (name, version) in have else offered.get((name, version), [])
         hashes = {h.lower() for line in lines for h in _HASH.findall(line)}
-        marked = ";" in lines[0]  # an environment marker: uv decides whether it applies
         good = [
             wheel
-            for wheel in files
-            if not marked
-            and (name, version) not in have
-            and wheel.count("-") >= 4
-            and (canonical(wheel.split("-")[0]), wheel.split("-")[1].lower()) == (name, version)
-            and fits_here(wheel)
+            for wheel in candidates
+            if fits_here(wheel)
             and os.path.isfile(os.path.join(wheels, wheel))
             and sha256_of(os.path.join(wheels, wheel)) in hashes
         ]
@@ -613,31 +615,64 @@ def _compile(paths: list[str], clamp: tuple[int, int] | None = None) -> int:
     return failed
 
 
+class Compiler:
+    """Byte-compiles the sources of the distributions it is given on every core, in the
+    background: `add` the dist-infos a uv run installed and go on (uv's next run downloads
+    while this one's files compile); `finish` waits: (files compiled, files that did not
+    compile). Only what a step installed: uv's --compile-bytecode walks the whole venv again in
+    every step, and a folder of tests nothing imports is left out (TEST_FOLDERS). A file that
+    does not compile (a package's deliberately broken fixture, Python 2 leftovers) is counted,
+    not fatal, as with pip and uv. Each .pyc is the one Python would write on import
+    (timestamp-based). `clamp` (since_ns, epoch): each source is given the epoch as it is
+    compiled (_compile), as the step's last clamp_step would, and no walk of the whole file
+    system is needed first. Where no process pool can be made (no /dev/shm), `add` compiles
+    before it returns. Leaving its `with` block cancels what has not started."""
+
+    def __init__(self, clamp: tuple[int, int] | None = None) -> None:
+        self._task = functools.partial(_compile, clamp=clamp)
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pending: list[concurrent.futures.Future[int]] = []
+        self._inline = False
+        self._sources = 0
+        self._failed = 0
+
+    def __enter__(self) -> Compiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for future in self._pending:
+            future.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def add(self, infos: set[str]) -> None:
+        sources = [path for info in sorted(infos) for path in recorded_sources(info)]
+        chunks = [sources[i : i + COMPILE_CHUNK] for i in range(0, len(sources), COMPILE_CHUNK)]
+        self._sources += len(sources)
+        if chunks and self._pool is None and not self._inline:
+            try:
+                self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count())
+            except (OSError, NotImplementedError):  # no semaphores (no /dev/shm): one process
+                self._inline = True
+        if self._pool is None:
+            self._failed += sum(map(self._task, chunks))
+            return
+        self._pending += [self._pool.submit(self._task, chunk) for chunk in chunks]
+
+    def finish(self) -> tuple[int, int]:
+        failed = self._failed + sum(future.result() for future in self._pending)
+        self._pending = []
+        return self._sources - failed, failed
+
+
 def compile_bytecode(
     venv: str, before: set[str], clamp: tuple[int, int] | None = None
 ) -> tuple[int, int]:
     """Byte-compile the sources of the distributions installed in `venv` since `before` (its
-    dist_infos then), on every core: (files compiled, files that did not compile). Only what
-    this step installed: uv's --compile-bytecode walks the whole venv again in every step, and
-    a folder of tests nothing imports is left out (TEST_FOLDERS). A file that does not compile
-    (a package's deliberately broken fixture, Python 2 leftovers) is counted, not fatal, as
-    with pip and uv. Each .pyc is the one Python would write on import (timestamp-based).
-    `clamp` (since_ns, epoch): each source is given the epoch as it is compiled (_compile), as
-    the step's last clamp_step would, and no walk of the whole file system is needed first."""
-    sources = [
-        path for info in sorted(dist_infos(venv) - before) for path in recorded_sources(info)
-    ]
-    if not sources:
-        return 0, 0
-    chunks = [sources[i : i + COMPILE_CHUNK] for i in range(0, len(sources), COMPILE_CHUNK)]
-    workers = min(os.cpu_count() or 1, len(chunks))
-    task = functools.partial(_compile, clamp=clamp)
-    try:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-            failed = sum(pool.map(task, chunks))
-    except (OSError, NotImplementedError):  # no semaphores (no /dev/shm): one process
-        failed = sum(map(task, chunks))
-    return len(sources) - failed, failed
+    dist_infos then), on every core (Compiler): (files compiled, files that did not compile)."""
+    with Compiler(clamp) as compiler:
+        compiler.add(dist_infos(venv) - before)
+        return compiler.finish()
 
 
 def step_started() -> int:
@@ -913,33 +948,38 @@ def install(
         split_verified(wanted, inputs.wheels, scratch, venv) if inputs.wheels else (None, wanted)
     )
     clock.done("hashes")
-    if local is not None:
-        verified, requirements = local
-        code, _ = run_uv(
-            uv_local_command(inputs.uv, verified, venv, requirements, inputs.cache), environment
-        )
-        if code != 0:
-            msg = (
-                f"uv could not install the wheelhouse's wheels of {lock} (exit {code}); "
-                "see its output above"
-            )
-            raise InstallError(msg)
-    if rest is not None or seeds is not None:
-        command = uv_command(inputs.uv, config, inputs.wheels, venv, rest, seeds, inputs.cache)
-        code, tail = run_uv(command, environment)
-        if code != 0:
-            msg = (
-                refused_index(config, first_package(rest or wanted), inputs.ca)
-                or network_failure(tail, inputs.served)
-                or f"uv could not install {lock} (exit {code}); see its output above"
-            )
-            raise InstallError(msg)
-    clock.done("install")
-    if epoch is not None:
-        stamp_uv_cache_info(venv, before, epoch)
     # The sources get the epoch as they are compiled; the rest of what the step changed gets it
     # at its end (main's clamp_step), in the one walk of the whole file system a step needs.
-    compiled, failed = compile_bytecode(venv, before, None if epoch is None else (since_ns, epoch))
+    with Compiler(None if epoch is None else (since_ns, epoch)) as compiler:
+        if local is not None:
+            verified, requirements = local
+            code, _ = run_uv(
+                uv_local_command(inputs.uv, verified, venv, requirements, inputs.cache),
+                environment,
+            )
+            if code != 0:
+                msg = (
+                    f"uv could not install the wheelhouse's wheels of {lock} (exit {code}); "
+                    "see its output above"
+                )
+                raise InstallError(msg)
+            compiler.add(dist_infos(venv) - before)  # compiles while the next run downloads
+        installed_locally = dist_infos(venv)
+        if rest is not None or seeds is not None:
+            command = uv_command(inputs.uv, config, inputs.wheels, venv, rest, seeds, inputs.cache)
+            code, tail = run_uv(command, environment)
+            if code != 0:
+                msg = (
+                    refused_index(config, first_package(rest or wanted), inputs.ca)
+                    or network_failure(tail, inputs.served)
+                    or f"uv could not install {lock} (exit {code}); see its output above"
+                )
+                raise InstallError(msg)
+        clock.done("install")
+        compiler.add(dist_infos(venv) - installed_locally)
+        if epoch is not None:
+            stamp_uv_cache_info(venv, before, epoch)
+        compiled, failed = compiler.finish()
     clock.done("bytecode")
     print(
         f"envbuild install: {compiled} files byte-compiled"

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import socket
@@ -675,6 +676,44 @@ def test_bytecode_is_compiled_for_what_the_step_installed_but_not_its_tests(
     assert (compiled, failed) == (3, 2)
     assert not list(outside.parent.rglob("*.pyc"))
     assert install_env.compile_bytecode(str(venv), install_env.dist_infos(str(venv))) == (0, 0)
+
+
+def test_the_compiler_works_in_the_background_and_counts_every_batch(tmp_path: Path) -> None:
+    """What a first uv run installed compiles while the caller goes on (its .pyc appears before
+    `finish`); a second batch is counted with it; leaving the block on an error cancels the
+    rest and leaves no worker behind."""
+    venv, site = empty_venv(tmp_path)
+    before = install_env.dist_infos(str(venv))
+    fake_distribution(site, "first", {"first/__init__.py": "A = 1\n"}, ["first/__init__.py"])
+    tag = sys.implementation.cache_tag
+    with install_env.Compiler() as compiler:
+        compiler.add(install_env.dist_infos(str(venv)) - before)
+        first = site / "first" / "__pycache__" / f"__init__.{tag}.pyc"
+        deadline = time.monotonic() + 60
+        while not first.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first.exists()  # compiled before finish was called
+        middle = install_env.dist_infos(str(venv))
+        fake_distribution(site, "second", {"second/a.py": "B = 2\n", "second/b.py": "def (:\n"},
+                          ["second/a.py", "second/b.py"])  # fmt: skip
+        compiler.add(install_env.dist_infos(str(venv)) - middle)
+        assert compiler.finish() == (2, 1)
+    assert (site / "second" / "__pycache__" / f"a.{tag}.pyc").exists()
+
+    many = {f"third/m{i}.py": f"X = {i}\n" for i in range(COMPILE_MANY)}
+    fake_distribution(site, "third", many, list(many))
+
+    def second_run_fails() -> None:
+        with install_env.Compiler() as compiler:
+            compiler.add({str(site / "third-1.0.dist-info")})
+            raise RuntimeError("uv's second run failed")
+
+    with pytest.raises(RuntimeError, match="second run failed"):
+        second_run_fails()
+    assert not multiprocessing.active_children()
+
+
+COMPILE_MANY = 20 * install_env.COMPILE_CHUNK
 
 
 def test_with_an_epoch_each_source_gets_it_as_it_is_compiled_and_its_pyc_records_it(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,3 +213,29 @@ def test_a_wheel_with_the_locks_hash_that_uv_cannot_install_is_one_line(tmp_path
         f"envbuild install: uv could not install the wheelhouse's wheels of {lock} (exit 1); "
         "see its output above"
     )
+
+
+def test_both_runs_of_uv_get_their_bytecode(tmp_path: Path) -> None:
+    """A kept wheel goes to uv's first run and a pin under a marker to its second, which checks
+    its hash: each run's files are compiled (the first run's while the second runs), and the
+    venv's seeds with them. (Never with --epoch here: that walks the whole machine's files.)"""
+    wheels, lock, local = wheelhouse(tmp_path, ["kept", "marker"])
+    assert local == {"p0"}
+    served = ServedInputs(
+        ca_bundle=None, wheels=tuple(sorted(wheels.iterdir())), index_url=None,
+        extra_index_urls=(), offline=True,
+    )  # fmt: skip
+    venv = tmp_path / "venv"
+    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
+        done = run_installer(base, str(venv), str(lock))
+    assert done.returncode == 0, done.stderr
+    assert {"p0==1.0", "p1==1.0"} <= installed(venv)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    for name in ("p0", "p1"):
+        assert len(list(site.glob(f"{name}/__pycache__/*.pyc"))) == 1
+    sources = [p for p in site.rglob("*.py") if not {"tests", "test"} & set(p.parts)]
+    pycs = list(site.rglob("*.pyc"))
+    assert len(pycs) > 2  # the seeds' too
+    said = re.search(r"envbuild install: (\d+) files byte-compiled", done.stderr)
+    assert said is not None
+    assert int(said[1]) == len(pycs) <= len(sources)
