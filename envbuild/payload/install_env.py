@@ -79,7 +79,7 @@ WHEELS_NAME = "wheels/"
 SECRETS_DIR = "secrets"  # config.json and ca.crt: secret mounts
 INPUTS_DIR = "inputs"  # uv, wheels/ and a CA bundle too large for a secret: the context, bound
 CACHE_DIR = "cache"  # uv's cache: a cache mount
-SEEDS_NAME = "seeds.txt"  # in the scratch folder: the venv's pip, for uv's one run
+SEEDS_NAME = "seeds.txt"  # in the scratch folder: the venv's pip, for uv's first run
 PART_NAME = "part.txt"  # in the scratch folder: the lock's pins an --only step installs
 VERIFIED_NAME = "verified"  # in the scratch folder: links to the wheels split_verified checked
 LOCAL_NAME = "local.txt"  # in the scratch folder: the pins those wheels install, without hashes
@@ -204,12 +204,15 @@ def uv_command(
     return [*command, *(("-r", lock) if lock else ()), *(("-r", seeds) if seeds else ())]
 
 
-def uv_local_command(uv: str, verified: str, venv: str, local: str, cache: str | None) -> list[str]:
+def uv_local_command(
+    uv: str, verified: str, venv: str, local: str, seeds: str | None, cache: str | None
+) -> list[str]:
     """uv's command line for the pins split_verified found in the wheelhouse: from the folder
-    `verified` alone, no index, nothing downloaded; the hashes were checked already."""
+    `verified` alone, no index, nothing downloaded; their hashes were checked already. `seeds`
+    (make_venv), local files too, carry their own hashes, which uv checks."""
     return [
         *_uv_install(uv, venv, cache), "--offline", "--no-index", "--find-links", verified,
-        "-r", local,
+        "-r", local, *(("-r", seeds) if seeds else ()),
     ]  # fmt: skip
 
 
@@ -630,9 +633,11 @@ class Compiler:
 
     def __init__(self, clamp: tuple[int, int] | None = None) -> None:
         self._task = functools.partial(_compile, clamp=clamp)
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None  # None: compile inline
+        with contextlib.suppress(OSError, NotImplementedError):  # no semaphores (no /dev/shm)
+            # Its worker processes start with the first batch, not here.
+            self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count())
         self._pending: list[concurrent.futures.Future[int]] = []
-        self._inline = False
         self._sources = 0
         self._failed = 0
 
@@ -649,11 +654,6 @@ class Compiler:
         sources = [path for info in sorted(infos) for path in recorded_sources(info)]
         chunks = [sources[i : i + COMPILE_CHUNK] for i in range(0, len(sources), COMPILE_CHUNK)]
         self._sources += len(sources)
-        if chunks and self._pool is None and not self._inline:
-            try:
-                self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count())
-            except (OSError, NotImplementedError):  # no semaphores (no /dev/shm): one process
-                self._inline = True
         if self._pool is None:
             self._failed += sum(map(self._task, chunks))
             return
@@ -801,7 +801,7 @@ def make_venv(venv: str, lock: str | None, scratch: str) -> str | None:
     (in `scratch`) that seeds it as `python3 -m venv` would: the seed wheels the lock does not
     pin, with their hashes. None when ensurepip made the venv (no seed wheels found), when
     there is no `lock` to seed with, or when the lock pins every seed."""
-    # uv installs the seeds in the lock's own run, in one bytecode pass: ensurepip runs pip to
+    # uv installs the seeds in the lock's first run, in one bytecode pass: ensurepip runs pip to
     # install pip (3.0 s here), a uv run of their own took 1.4 s, and a seed the lock pins
     # again (torch's setuptools) was installed, compiled and replaced.
     wheels = seed_wheels()
@@ -953,18 +953,23 @@ def install(
     with Compiler(None if epoch is None else (since_ns, epoch)) as compiler:
         if local is not None:
             verified, requirements = local
+            # The seeds go with the wheelhouse's: their bytecode is made while the index's
+            # packages download, not after the last run (pip's and setuptools' 1.6 s of CPU).
             code, _ = run_uv(
-                uv_local_command(inputs.uv, verified, venv, requirements, inputs.cache),
+                uv_local_command(inputs.uv, verified, venv, requirements, seeds, inputs.cache),
                 environment,
             )
+            seeds = None
             if code != 0:
                 msg = (
                     f"uv could not install the wheelhouse's wheels of {lock} (exit {code}); "
                     "see its output above"
                 )
                 raise InstallError(msg)
-            compiler.add(dist_infos(venv) - before)  # compiles while the next run downloads
-        installed_locally = dist_infos(venv)
+            installed_locally = dist_infos(venv)
+            compiler.add(installed_locally - before)  # compiles while the next run downloads
+        else:
+            installed_locally = before
         if rest is not None or seeds is not None:
             command = uv_command(inputs.uv, config, inputs.wheels, venv, rest, seeds, inputs.cache)
             code, tail = run_uv(command, environment)

@@ -678,6 +678,9 @@ def test_bytecode_is_compiled_for_what_the_step_installed_but_not_its_tests(
     assert install_env.compile_bytecode(str(venv), install_env.dist_infos(str(venv))) == (0, 0)
 
 
+COMPILE_MANY = 20 * install_env.COMPILE_CHUNK
+
+
 def test_the_compiler_works_in_the_background_and_counts_every_batch(tmp_path: Path) -> None:
     """What a first uv run installed compiles while the caller goes on (its .pyc appears before
     `finish`); a second batch is counted with it; leaving the block on an error cancels the
@@ -713,7 +716,25 @@ def test_the_compiler_works_in_the_background_and_counts_every_batch(tmp_path: P
     assert not multiprocessing.active_children()
 
 
-COMPILE_MANY = 20 * install_env.COMPILE_CHUNK
+def test_without_a_process_pool_the_compiler_compiles_as_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build container without /dev/shm has no semaphores, so no process pool: each batch is
+    compiled before `add` returns, counted as with the pool, and no worker is started."""
+
+    def no_semaphores(*args: object, **kwargs: object) -> None:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(install_env.concurrent.futures, "ProcessPoolExecutor", no_semaphores)
+    venv, site = empty_venv(tmp_path)
+    before = install_env.dist_infos(str(venv))
+    fake_distribution(site, "pkg", {"pkg/a.py": "A = 1\n", "pkg/b.py": "def (:\n"},
+                      ["pkg/a.py", "pkg/b.py"])  # fmt: skip
+    with install_env.Compiler() as compiler:
+        compiler.add(install_env.dist_infos(str(venv)) - before)
+        assert (site / "pkg" / "__pycache__" / f"a.{sys.implementation.cache_tag}.pyc").exists()
+        assert not multiprocessing.active_children()
+        assert compiler.finish() == (1, 1)
 
 
 def test_with_an_epoch_each_source_gets_it_as_it_is_compiled_and_its_pyc_records_it(

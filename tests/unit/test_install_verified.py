@@ -104,6 +104,17 @@ def wheelhouse(tmp_path: Path, kinds: list[str]) -> tuple[Path, Path, set[str]]:
     return wheels, lock, local
 
 
+def install_offline(wheels: Path, venv: Path, lock: Path) -> subprocess.CompletedProcess[str]:
+    """The installer, run on this machine from a build server that offers `wheels`, with no
+    index: its result. (Never with --epoch here: that walks the whole machine's files.)"""
+    served = ServedInputs(
+        ca_bundle=None, wheels=tuple(sorted(wheels.iterdir())), index_url=None,
+        extra_index_urls=(), offline=True,
+    )  # fmt: skip
+    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
+        return run_installer(base, str(venv), str(lock))
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -144,12 +155,7 @@ def test_a_tampered_wheel_fails_the_install_with_real_uv(tmp_path: Path) -> None
     wheels, lock, local = wheelhouse(tmp_path, ["kept", "tampered"])
     assert local == {"p0"}
     venv = tmp_path / "venv"
-    served = ServedInputs(
-        ca_bundle=None, wheels=tuple(sorted(wheels.iterdir())), index_url=None,
-        extra_index_urls=(), offline=True,
-    )  # fmt: skip
-    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
-        refused = run_installer(base, str(venv), str(lock))
+    refused = install_offline(wheels, venv, lock)
     assert refused.returncode == 1
     assert "Hash mismatch for `p1==1.0`" in refused.stderr
     assert (
@@ -159,13 +165,8 @@ def test_a_tampered_wheel_fails_the_install_with_real_uv(tmp_path: Path) -> None
     )
 
     kept, lock2, _ = wheelhouse(tmp_path / "again", ["kept", "kept"])
-    served = ServedInputs(
-        ca_bundle=None, wheels=tuple(sorted(kept.iterdir())), index_url=None,
-        extra_index_urls=(), offline=True,
-    )  # fmt: skip
     venv2 = tmp_path / "venv2"
-    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
-        done = run_installer(base, str(venv2), str(lock2))
+    done = install_offline(kept, venv2, lock2)
     assert done.returncode == 0, done.stderr
     assert {"p0==1.0", "p1==1.0"} <= installed(venv2)
     (site,) = venv2.glob("lib/python3*/site-packages")
@@ -218,17 +219,16 @@ def test_a_wheel_with_the_locks_hash_that_uv_cannot_install_is_one_line(tmp_path
 def test_both_runs_of_uv_get_their_bytecode(tmp_path: Path) -> None:
     """A kept wheel goes to uv's first run and a pin under a marker to its second, which checks
     its hash: each run's files are compiled (the first run's while the second runs), and the
-    venv's seeds with them. (Never with --epoch here: that walks the whole machine's files.)"""
+    venv's seeds with them. The seeds go in the first run, so that their bytecode is made while
+    the second one downloads."""
     wheels, lock, local = wheelhouse(tmp_path, ["kept", "marker"])
     assert local == {"p0"}
-    served = ServedInputs(
-        ca_bundle=None, wheels=tuple(sorted(wheels.iterdir())), index_url=None,
-        extra_index_urls=(), offline=True,
-    )  # fmt: skip
     venv = tmp_path / "venv"
-    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
-        done = run_installer(base, str(venv), str(lock))
+    done = install_offline(wheels, venv, lock)
     assert done.returncode == 0, done.stderr
+    said = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("+ ")]
+    (seed,) = (i for i, line in enumerate(said) if line.startswith("+ pip=="))
+    assert said.index("+ p0==1.0") < seed < said.index("+ p1==1.0")
     assert {"p0==1.0", "p1==1.0"} <= installed(venv)
     (site,) = venv.glob("lib/python3*/site-packages")
     for name in ("p0", "p1"):
