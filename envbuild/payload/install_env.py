@@ -1007,6 +1007,7 @@ USAGE = (
     "       install_env.py --mounted ROOT [--only PATTERN] [--epoch SECONDS] VENV LOCK"
 )
 OPTIONS = ("--only", "--mounted", "--epoch")
+STEP_PATH = "/install_env.py"  # where the Dockerfile's COPY puts the installer (install.j2)
 
 
 def main(argv: list[str]) -> int:
@@ -1024,6 +1025,16 @@ def main(argv: list[str]) -> int:
         print(
             f"envbuild install: {SERVE_VARIABLE} is not set to envbuild's build server; "
             "build with `envbuild build`, not with `docker build`",
+            file=sys.stderr,
+        )
+        return 2
+    here = os.path.abspath(__file__)
+    if epoch is not None and here != STEP_PATH:
+        # clamp_step walks "/" and dates what changed since PID 1 started: on a host, that is
+        # every file changed since the machine booted.
+        print(
+            f"envbuild install: --epoch dates every file changed since PID 1 started, across the "
+            f"whole file system; it runs only as a build step's {STEP_PATH}, not as {here}",
             file=sys.stderr,
         )
         return 2

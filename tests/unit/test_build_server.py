@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.build import render
 from envbuild.build import server as build_server
 from envbuild.build.server import build_files, config_document, listing, serve
 from envbuild.core.errors import BuildFailed
@@ -875,6 +876,39 @@ def test_a_step_starts_when_its_containers_first_process_did(tmp_path: Path) -> 
 @pytest.mark.parametrize("epoch", ["", "-1", "1e9", "x"])
 def test_an_epoch_that_is_not_whole_seconds_is_refused(epoch: str) -> None:
     assert install_env.main(["--epoch", epoch, "/opt/venv", "/tmp/envbuild.lock"]) == 2
+
+
+@pytest.mark.parametrize("epoch", ["315532800", "0"])
+def test_an_epoch_is_refused_anywhere_but_a_build_steps_installer(
+    tmp_path: Path, epoch: str
+) -> None:
+    """--epoch walks "/" and dates what changed since PID 1 started: run from anywhere but the
+    path the Dockerfile copies it to, the installer refuses it in one line, before any fetch or
+    walk (a file made just now keeps its time), with the server unreachable and reachable."""
+    assert f"/{render.INSTALLER_NAME}" == install_env.STEP_PATH
+    golden = Path(__file__).parent / "golden" / "tensorflow-2.20.0-cpu.Dockerfile"
+    assert f" python3 {install_env.STEP_PATH} --epoch " in golden.read_text()
+    fresh = tmp_path / "fresh"
+    fresh.write_text("x")
+    made = fresh.stat().st_mtime_ns
+    lock = tmp_path / "envbuild.lock"
+    lock.write_text("# envbuild lock\n")
+    served = ServedInputs(
+        ca_bundle=None, wheels=(), index_url=None, extra_index_urls=(), offline=True
+    )
+    with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
+        # The unreachable one first: an installer without the refusal fails there, on the
+        # fetch, before it would walk this machine's files with the reachable one.
+        for server in ("http://127.0.0.1:9/", base):
+            result = run_installer(server, "--epoch", epoch, str(tmp_path / "venv"), str(lock))
+            assert result.returncode == 2
+            assert result.stderr.splitlines() == [
+                "envbuild install: --epoch dates every file changed since PID 1 started, across "
+                f"the whole file system; it runs only as a build step's {install_env.STEP_PATH}, "
+                f"not as {Path(install_env.__file__).absolute()}"
+            ]
+    assert fresh.stat().st_mtime_ns == made
+    assert not (tmp_path / "venv").exists()
 
 
 def lock_block(name: str, version: str, *, hashes: int, via: str, extras: str = "") -> str:
