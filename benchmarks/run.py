@@ -68,9 +68,12 @@ ENV PATH=/opt/venv/bin:$PATH
 LABEL org.envbuild.benchmark=1
 """
 # envbuild's side of a cold-build comparison: the hand-written Dockerfiles' packages, no more.
-SAME_AS_HAND = """defaults: {{python: "3.11", os: bookworm, numpy: false}}
+SAME_AS_HAND = """defaults: {{python: "3.11", os: bookworm, numpy: false, bytecode: {bytecode}}}
 axes: {{framework: [torch], framework_version: ["{version}"], cuda: ["{cuda}"]}}
 """
+# The two envbuild sides of the CPU builds: the default, which byte-compiles (as uv+cc+pyc and
+# pip+cc do), and `bytecode: false` (as uv+cc does not).
+COMPILED, NOT_COMPILED = "envbuild", "envbuild, bytecode: false"
 PIP = "/opt/venv/bin/pip install --no-cache-dir --cert /tmp/ca.crt --find-links /tmp/wheelhouse torch==2.13.0+cpu"
 PIP_CUDA = "/opt/venv/bin/pip install --no-cache-dir --cert /tmp/ca.crt torch==2.4.1"
 UV = (
@@ -438,51 +441,71 @@ CU_ID, CU_REF = "torch2.4.1-cu121-py3.11-bookworm", "envbuild/torch:2.4.1-cu121-
 
 
 def cold_cpu(setup: Setup, rows: Rows) -> list[str]:
-    """1. Cold torch CPU builds, interleaved `repeat` times: envbuild and every hand-written
-    Dockerfile, the same packages on both sides (torch and its dependencies; envbuild's default
-    numpy left out by the matrix); the median of each. Returns envbuild's build command."""
-    matrix = setup.work / "torch-cpu.yaml"
-    matrix.write_text(SAME_AS_HAND.format(version="2.13.0", cuda="cpu"))
-    cpu = [*ENVBUILD, "build", "-m", str(matrix), *setup.fetch, "--wheelhouse", str(setup.wheels),
-           "--no-smoke"]  # fmt: skip
-    run(cpu)  # its lock resolved (about a second; measured below), built once
-    samples: dict[str, list[Build]] = {"envbuild": [], **{hand.name: [] for hand in HANDS_CPU}}
+    """1. Cold torch CPU builds, interleaved `repeat` times: envbuild as it is by default (with
+    bytecode) and with `bytecode: false`, and every hand-written Dockerfile, the same packages on
+    every side (torch and its dependencies; envbuild's default numpy left out by the matrix);
+    the median of each. Each envbuild side is held to the hand-written build that does as it
+    does: with bytecode to uv+cc+pyc, without to uv+cc. Returns envbuild's build command (the
+    default's)."""
+    commands = {}
+    for side, bytecode in ((COMPILED, "true"), (NOT_COMPILED, "false")):
+        matrix = setup.work / f"torch-cpu-bytecode-{bytecode}.yaml"
+        matrix.write_text(SAME_AS_HAND.format(version="2.13.0", cuda="cpu", bytecode=bytecode))
+        commands[side] = [*ENVBUILD, "build", "-m", str(matrix), *setup.fetch, "--wheelhouse",
+                          str(setup.wheels), "--no-smoke"]  # fmt: skip
+        run(commands[side])  # its lock resolved (about a second; measured below), built once
+    samples: dict[str, list[Build]] = {side: [] for side in commands}
+    samples.update({hand.name: [] for hand in HANDS_CPU})
     for _ in range(setup.repeat):  # interleaved, so that a slow minute of the network or the
         # disk falls on every side; --no-cache, else identical layers are reused
-        samples["envbuild"].append(envbuild_build(cpu, CPU_ID, CPU_REF))
+        for side, command in commands.items():
+            samples[side].append(envbuild_build(command, CPU_ID, CPU_REF))
         for hand in HANDS_CPU:
             samples[hand.name].append(
                 hand_build(setup.work, setup.base, setup.ca_bundle, hand, setup.wheels)
             )
     median = {name: median_of(runs) for name, runs in samples.items()}
-    ours, uv_cc, pip_cc = median["envbuild"], median["uv+cc"], median["pip+cc"]
+    ours, plain = median[COMPILED], median[NOT_COMPILED]
+    uv_cc, uv_pyc, pip_cc = median["uv+cc"], median["uv+cc+pyc"], median["pip+cc"]
     each = "; runs: " + ", ".join(
         f"{name} " + "/".join(f"{b.seconds:.1f}" for b in runs) for name, runs in samples.items()
     )
     hands = ", ".join(f"{hand.name} {median[hand.name].seconds:.1f} s" for hand in HANDS_CPU)
-    rows.append(("torch CPU cold build (--no-cache)",
-                 f"{ours.seconds:.1f} s ({ours.seconds / uv_cc.seconds:.2f}x uv+cc)",
-                 f"hand-written {hands}; target <= uv+cc: {verdict(ours.seconds <= uv_cc.seconds)}"
+    rows.append(("torch CPU cold build (--no-cache), bytecode: false",
+                 f"{plain.seconds:.1f} s ({plain.seconds / uv_cc.seconds:.2f}x uv+cc)",
+                 f"hand-written {hands}; target <= uv+cc (neither byte-compiles): "
+                 f"{verdict(plain.seconds <= uv_cc.seconds)}"))  # fmt: skip
+    rows.append(("torch CPU cold build (--no-cache), with bytecode (the default)",
+                 f"{ours.seconds:.1f} s ({ours.seconds / uv_pyc.seconds:.2f}x uv+cc+pyc, "
+                 f"{ours.seconds / uv_cc.seconds:.2f}x uv+cc)",
+                 f"target <= uv+cc+pyc (both byte-compile): "
+                 f"{verdict(ours.seconds <= uv_pyc.seconds)}"
                  f"{each if setup.repeat > 1 else ''}"))  # fmt: skip
     sizes = ", ".join(f"{hand.name} {gb(median[hand.name].size)}" for hand in HANDS_CPU)
-    rows.append(("torch CPU image size", gb(ours.size), f"hand-written {sizes}"))
+    rows.append(("torch CPU image size", f"{gb(ours.size)}, bytecode: false {gb(plain.size)}",
+                 f"hand-written {sizes}"))  # fmt: skip
     disks = ", ".join(
         f"{hand.name} {gb(median[hand.name].disk)} ({median[hand.name].disk / median[hand.name].size:.2f}x)"
         for hand in HANDS_CPU
     )
     fair = min(uv_cc.disk, pip_cc.disk)
-    rows.append(("torch CPU peak extra disk", f"{gb(ours.disk)} ({ours.disk / ours.size:.2f}x image)",
-                 f"hand-written {disks}; target <= the +cc builds': {verdict(ours.disk <= fair)}"))  # fmt: skip
-    rows.append(("torch CPU: where the seconds went", "envbuild: " + where_it_went(ours),
-                 "uv+cc: " + where_it_went(uv_cc)))  # fmt: skip
-    return cpu
+    rows.append(("torch CPU peak extra disk",
+                 f"{gb(ours.disk)} ({ours.disk / ours.size:.2f}x image), bytecode: false "
+                 f"{gb(plain.disk)} ({plain.disk / plain.size:.2f}x)",
+                 f"hand-written {disks}; target <= the +cc builds': "
+                 f"{verdict(max(ours.disk, plain.disk) <= fair)}"))  # fmt: skip
+    rows.append(("torch CPU, bytecode: false: where the seconds went",
+                 "envbuild: " + where_it_went(plain), "uv+cc: " + where_it_went(uv_cc)))  # fmt: skip
+    rows.append(("torch CPU, with bytecode: where the seconds went",
+                 "envbuild: " + where_it_went(ours), "uv+cc+pyc: " + where_it_went(uv_pyc)))  # fmt: skip
+    return commands[COMPILED]
 
 
 def cold_cuda(setup: Setup, rows: Rows) -> None:
     """2. torch 2.4.1+cu121 from PyPI (its plain wheel is the cu121 build), each side cold once,
     the same packages on both sides (no numpy)."""
     matrix = setup.work / "torch-cu121.yaml"
-    matrix.write_text(SAME_AS_HAND.format(version="2.4.1", cuda="12.1"))
+    matrix.write_text(SAME_AS_HAND.format(version="2.4.1", cuda="12.1", bytecode="true"))
     cuda = [*ENVBUILD, "build", "-m", str(matrix), *setup.fetch, "--no-smoke"]
     run([*ENVBUILD, "lock", "-m", str(matrix)])  # resolved before the clock
     ours = envbuild_build(cuda, CU_ID, CU_REF)

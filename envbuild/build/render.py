@@ -274,6 +274,7 @@ def render_entry(
         # How many of the lock's pins the team's step installs above the framework image.
         "team_packages": len(pins(lock.text).items() - pins(framework).items()) if framework else 0,
         "epoch": EPOCH,
+        "bytecode": entry.bytecode,
     }
     environment = _environment()
     base_id = base.image_id if base else base_image

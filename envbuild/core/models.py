@@ -249,6 +249,9 @@ class Entry:
     packages: tuple[str, ...] = ()
     user: str = IMAGE_USER  # one of USER_CHOICES: who the image runs as
     platform: str = AMD64  # what the image is built for (core.platforms)
+    # Whether the install byte-compiles what it installs (the matrix's defaults.bytecode): the
+    # venv is read-only to a non-root user, so without it every process compiles on import.
+    bytecode: bool = True
 
     @property
     def user_spec(self) -> str:
@@ -282,6 +285,7 @@ class Entry:
             "image": self.image,
             "packages": list(self.packages),
             "user": self.user,
+            "bytecode": self.bytecode,
         }
 
 

@@ -925,11 +925,13 @@ def install(
     mounted: bool = False,
     epoch: int | None = None,
     since_ns: int = 0,
+    bytecode: bool = True,
 ) -> Phases:
     """Gather the inputs (fetched from the server at `source` into `scratch`, or mounted under
     `source`), create the venv unless it is there, install the lock (`only`: the lock's
-    packages whose names match that pattern); `scratch` is the caller's to remove. With an
-    `epoch`, what the step changed since `since_ns` gets that time before it is compiled."""
+    packages whose names match that pattern) and byte-compile it unless not `bytecode`;
+    `scratch` is the caller's to remove. With an `epoch`, what the step changed since
+    `since_ns` gets that time before it is compiled."""
     clock = Phases()
     wanted = lock if only is None else lock_part(lock, only, scratch)
     inputs = mounted_inputs(source) if mounted else served_inputs(source, wanted, scratch, venv)
@@ -967,7 +969,8 @@ def install(
                 )
                 raise InstallError(msg)
             installed_locally = dist_infos(venv)
-            compiler.add(installed_locally - before)  # compiles while the next run downloads
+            if bytecode:
+                compiler.add(installed_locally - before)  # compiles while the next run downloads
         else:
             installed_locally = before
         if rest is not None or seeds is not None:
@@ -981,7 +984,8 @@ def install(
                 )
                 raise InstallError(msg)
         clock.done("install")
-        compiler.add(dist_infos(venv) - installed_locally)
+        if bytecode:
+            compiler.add(dist_infos(venv) - installed_locally)
         if epoch is not None:
             stamp_uv_cache_info(venv, before, epoch)
         compiled, failed = compiler.finish()
@@ -992,7 +996,8 @@ def install(
             f", {failed} did not compile (they compile on import, if ever imported)"
             if failed
             else ""
-        ),
+        )
+        + ("" if bytecode else " (--no-bytecode)"),
         file=sys.stderr,
     )
     # uv's own lock file of the environment (empty, world-writable): nothing the image needs.
@@ -1003,18 +1008,26 @@ def install(
 
 
 USAGE = (
-    "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] [--epoch SECONDS] VENV LOCK\n"
-    "       install_env.py --mounted ROOT [--only PATTERN] [--epoch SECONDS] VENV LOCK"
+    "usage: ENVBUILD_SERVE=URL install_env.py [--only PATTERN] [--epoch SECONDS] [--no-bytecode]"
+    " VENV LOCK\n"
+    "       install_env.py --mounted ROOT [--only PATTERN] [--epoch SECONDS] [--no-bytecode]"
+    " VENV LOCK"
 )
-OPTIONS = ("--only", "--mounted", "--epoch")
+OPTIONS = ("--only", "--mounted", "--epoch")  # each with a value
+FLAGS = ("--no-bytecode",)
 STEP_PATH = "/install_env.py"  # where the Dockerfile's COPY puts the installer (install.j2)
 
 
 def main(argv: list[str]) -> int:
     """Install, then remove every fetched file, the config and the temporary folder."""
     options: dict[str, str] = {}
-    while len(argv) >= 2 and argv[0] in OPTIONS and argv[0] not in options:
-        options[argv[0]], argv = argv[1], argv[2:]
+    while argv and argv[0] not in options:
+        if argv[0] in FLAGS:
+            options[argv[0]], argv = "", argv[1:]
+        elif len(argv) >= 2 and argv[0] in OPTIONS:
+            options[argv[0]], argv = argv[1], argv[2:]
+        else:
+            break
     epoch = options.get("--epoch")
     if len(argv) != 2 or not (epoch is None or epoch.isdigit()):
         print(USAGE, file=sys.stderr)
@@ -1044,7 +1057,7 @@ def main(argv: list[str]) -> int:
     try:
         clock = install(
             source, argv[0], argv[1], scratch, options.get("--only"),
-            mounted=mounted, epoch=at, since_ns=since_ns,
+            mounted=mounted, epoch=at, since_ns=since_ns, bytecode="--no-bytecode" not in options,
         )  # fmt: skip
     except (InstallError, subprocess.CalledProcessError) as exc:
         print(f"envbuild install: {exc}", file=sys.stderr)

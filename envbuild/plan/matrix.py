@@ -251,7 +251,8 @@ def make_plan(
 
     Every entry carries the matrix's packages, its include's, `packages` (normalized: the
     command line's) and numpy unless the matrix says `numpy: false`; and runs as `user` (the
-    command line's) or else as its include or the matrix says.
+    command line's) or else as its include or the matrix says; byte-compiled unless the matrix
+    says `bytecode: false`.
     """
     check_selection(selection)
     releases = release_versions(knowledge)
@@ -272,7 +273,9 @@ def make_plan(
             )
             own = wanted.get(combo, wanted[None])
             runs_as = user or users.get(combo, users[None])
-            entries.append(dataclasses.replace(entry, packages=own, user=runs_as))
+            entries.append(
+                dataclasses.replace(entry, packages=own, user=runs_as, bytecode=matrix.bytecode)
+            )
         else:
             excluded.append(Exclusion(combination=combo, reason=facts[-1].text, facts=facts))
     if newest_only and entries:

@@ -29,7 +29,7 @@ TOP_KEYS = ("description", "defaults", "axes", "include", "exclude")
 PACKAGE_KEYS = ("packages", "requirements")
 DEFAULT_KEYS = (
     "python", "os", "platform", "repository", "framework_version", "cuda", *PACKAGE_KEYS, "numpy",
-    "user",
+    "user", "bytecode",
 )  # fmt: skip
 INCLUDE_KEYS = (*AXES, *PACKAGE_KEYS, "user")
 LATEST = "latest"
@@ -73,6 +73,7 @@ class Matrix:
     # Who the images run as (defaults.user), and each include's own choice (None: the default's).
     user: str = IMAGE_USER
     include_users: tuple[str | None, ...] = ()
+    bytecode: bool = True  # defaults.bytecode: false installs no .pyc (Entry.bytecode)
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -381,6 +382,7 @@ class _Sections:
     numpy: bool
     user: str
     include_users: tuple[str | None, ...]
+    bytecode: bool
 
 
 def load_matrix(path: Path, knowledge: Knowledge) -> Matrix:
@@ -436,6 +438,9 @@ def _validate(check: _Validator, data: dict[Any, Any]) -> _Sections:
     if not isinstance(numpy, bool):
         check.fail("defaults.numpy", f"expected true or false, got {yaml_kind(numpy)}")
     user = check.user("defaults.user", defaults_raw["user"]) if "user" in defaults_raw else None
+    bytecode = defaults_raw.get("bytecode", True)
+    if not isinstance(bytecode, bool):
+        check.fail("defaults.bytecode", f"expected true or false, got {yaml_kind(bytecode)}")
     return _Sections(
         axes=axes,
         defaults=defaults,
@@ -447,6 +452,7 @@ def _validate(check: _Validator, data: dict[Any, Any]) -> _Sections:
         numpy=numpy is not False,
         user=user or IMAGE_USER,
         include_users=tuple(check.include_users),
+        bytecode=bytecode is not False,
     )
 
 
@@ -546,6 +552,7 @@ def _assemble(label: str, sections: _Sections) -> Matrix:
         numpy=sections.numpy,
         user=sections.user,
         include_users=sections.include_users,
+        bytecode=sections.bytecode,
     )
 
 

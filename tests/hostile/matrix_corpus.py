@@ -636,6 +636,28 @@ def user_cases() -> Iterator[Case]:
             yield Case(f"user-twice-{i}-{j}", dump(document), expect="give that entry one user")
 
 
+def bytecode_cases() -> Iterator[Case]:
+    """defaults.bytecode: true or false plan; any other YAML type, and the words YAML 1.1 once
+    read as booleans (quoted, so strings), are one line naming the place; in an include it is
+    no key at all (it is the matrix's choice, like numpy)."""
+    valid = load_shipped_text(VALID)
+    for value in (True, False):
+        yield Case(f"bytecode-{value}", dump({**valid, "defaults": {"bytecode": value}}))
+    words = ("no", "off", "false", "False", "0", "n", "yes", "on", "")
+    values = {
+        **{f"type-{n}": v for n, v in RETYPES.items() if not isinstance(v, bool)},
+        **{f"word-{i}": word for i, word in enumerate(words)},
+    }
+    for name, value in values.items():
+        yield Case(
+            f"bytecode-{name}",
+            partial(dump, {**valid, "defaults": {"bytecode": value}}),
+            expect="defaults.bytecode: expected true or false, got ",
+        )
+    include = {"framework": "torch", "cuda": "cpu", "bytecode": False}
+    yield Case("bytecode-include", dump({**valid, "include": [include]}), expect="include[0]")
+
+
 def load_shipped_text(text: str) -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(text)
     return document
@@ -666,6 +688,7 @@ def matrix_corpus() -> list[Case]:
         special_cases,
         package_cases,
         user_cases,
+        bytecode_cases,
     ):
         cases += generate()
     return cases

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from envbuild.cli.main import main
@@ -17,6 +18,26 @@ from tests.support.lock_support import fresh_lock, the_entry
 def run(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(main, list(args))
     return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("bytecode", [True, False, None])
+def test_the_matrixs_bytecode_choice_reaches_every_entry(
+    tmp_path: Path, bytecode: bool | None
+) -> None:
+    """`defaults.bytecode: false` plans every entry, the includes' too, without bytecode; true
+    or no word plans them with it."""
+    defaults = "" if bytecode is None else f"defaults: {{bytecode: {str(bytecode).lower()}}}\n"
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(
+        defaults
+        + "axes: {framework: [torch], cuda: [cpu]}\n"
+        + "include:\n  - {framework: jax, framework_version: '0.10.2', cuda: cpu}\n"
+    )
+    code, out, err = run("plan", "-m", str(matrix), "--format", "json")
+    assert code == 0, err
+    entries = json.loads(out)["entries"]
+    assert {e["framework"] for e in entries} == {"torch", "jax"}
+    assert {e["bytecode"] for e in entries} == {bytecode is not False}
 
 
 def test_plan_json_lists_only_releases_that_publish_cu121(knowledge: Knowledge) -> None:
@@ -45,8 +66,10 @@ def test_plan_json_lists_only_releases_that_publish_cu121(knowledge: Knowledge) 
         "image",
         "packages",
         "user",
+        "bytecode",
         "lock",
     }
+    assert first["bytecode"] is True
     assert {e["user"] for e in document["entries"]} == {"envbuild"}
     assert all(x["reason"] for x in document["excluded"])
     assert {x["framework_version"] for x in document["excluded"]} == {

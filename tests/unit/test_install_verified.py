@@ -104,15 +104,18 @@ def wheelhouse(tmp_path: Path, kinds: list[str]) -> tuple[Path, Path, set[str]]:
     return wheels, lock, local
 
 
-def install_offline(wheels: Path, venv: Path, lock: Path) -> subprocess.CompletedProcess[str]:
+def install_offline(
+    wheels: Path, venv: Path, lock: Path, *options: str
+) -> subprocess.CompletedProcess[str]:
     """The installer, run on this machine from a build server that offers `wheels`, with no
-    index: its result. (Never with --epoch here: that walks the whole machine's files.)"""
+    index, with `options`: its result. (Never with --epoch here: that refuses, and once walked
+    the whole machine's files.)"""
     served = ServedInputs(
         ca_bundle=None, wheels=tuple(sorted(wheels.iterdir())), index_url=None,
         extra_index_urls=(), offline=True,
     )  # fmt: skip
     with serve(LOOPBACK, build_files(served, Path(uv_binary()))) as base:
-        return run_installer(base, str(venv), str(lock))
+        return run_installer(base, *options, str(venv), str(lock))
 
 
 @settings(
@@ -239,3 +242,28 @@ def test_both_runs_of_uv_get_their_bytecode(tmp_path: Path) -> None:
     said = re.search(r"envbuild install: (\d+) files byte-compiled", done.stderr)
     assert said is not None
     assert int(said[1]) == len(pycs) <= len(sources)
+
+
+@pytest.mark.parametrize("where", ["first", "last", "twice"])
+def test_no_bytecode_installs_both_runs_and_compiles_nothing(tmp_path: Path, where: str) -> None:
+    """--no-bytecode (the matrix's `bytecode: false`), alone or after --only: both of uv's runs
+    install (and the venv's seeds, without --only) and no .pyc is made; given twice, it is the
+    usage line, exit 2, and nothing installed."""
+    wheels, lock, _ = wheelhouse(tmp_path, ["kept", "marker"])
+    venv = tmp_path / "venv"
+    options = {
+        "first": ("--no-bytecode",),
+        "last": ("--only", "p*", "--no-bytecode"),
+        "twice": ("--no-bytecode", "--no-bytecode"),
+    }[where]
+    done = install_offline(wheels, venv, lock, *options)
+    if where == "twice":
+        assert done.returncode == 2
+        assert done.stderr.startswith("usage: ")
+        assert not venv.exists()
+        return
+    assert done.returncode == 0, done.stderr
+    assert {"p0==1.0", "p1==1.0"} <= installed(venv)
+    assert any(name.startswith("pip==") for name in installed(venv)) is (where == "first")
+    assert not list(venv.rglob("*.pyc"))
+    assert "envbuild install: 0 files byte-compiled (--no-bytecode)" in done.stderr

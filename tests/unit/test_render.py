@@ -230,6 +230,32 @@ def test_the_framework_part_is_installed_below_the_teams_packages(
     assert "framework.lock" not in plain.dockerfile
 
 
+@pytest.mark.parametrize("kind", ["classic", "classic-buildkit"])
+def test_bytecode_false_reaches_every_install_and_names_other_images(
+    knowledge: Knowledge, tmp_path: Path, kind: str
+) -> None:
+    """The matrix's `bytecode: false` makes every install step pass --no-bytecode (the CUDA
+    libraries', the framework's, the team's), on both builders; the default passes none. The
+    framework image and the entry's content hash differ, so neither is taken for the other."""
+    options = options_for(kind, tmp_path)
+    compiled = entry(knowledge, "2.4.1", "12.1")
+    plain = dataclasses.replace(compiled, bytecode=False)
+    with_pyc = render_entry(compiled, options, None, ANNOTATED_LOCK)
+    without = render_entry(plain, options, None, ANNOTATED_LOCK)
+    for context, expected in ((with_pyc, False), (without, True)):
+        framework = context.framework_image
+        assert framework is not None
+        lines = framework.dockerfile.splitlines() + context.dockerfile.splitlines()
+        installs = [line for line in lines if "python3 /install_env.py" in line]
+        assert len(installs) == 3
+        assert all(("--no-bytecode " in line) is expected for line in installs), installs
+        assert ("--no-bytecode" in framework.dockerfile + context.dockerfile) is expected
+    assert with_pyc.framework_image is not None
+    assert without.framework_image is not None
+    assert with_pyc.framework_image.key != without.framework_image.key
+    assert with_pyc.content_hash != without.content_hash
+
+
 @pytest.mark.parametrize("builder", [CLASSIC, BUILDKIT])
 def test_a_lock_of_the_framework_alone_installs_nothing_above_it(
     knowledge: Knowledge, builder: str
