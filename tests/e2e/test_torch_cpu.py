@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.docker_support import (
     SECRET,
+    TEST_INDEX,
     TEST_LABEL,
     TORCH_CPU_IMAGE,
     derive,
@@ -266,3 +267,61 @@ def test_a_users_stopped_container_of_the_image_is_not_a_leftover(
         assert mine.status == "exited"
     finally:
         mine.remove(force=True)
+
+
+NO_BYTECODE_MATRIX = """\
+defaults:
+  python: "3.11"
+  os: bookworm
+  bytecode: false
+axes:
+  framework: [torch]
+  framework_version: ["2.13.0"]
+  cuda: [cpu]
+"""
+
+
+def test_bytecode_false_builds_an_image_without_pyc_that_still_trains(
+    docker_client: docker.DockerClient,
+    base_image: str,
+    wheelhouse: Path,
+    ca_bundle: Path,
+    tmp_path: Path,
+    first_build: tuple[Any, dict[str, Any], list[str]],
+) -> None:
+    """The matrix's `bytecode: false`: every install step says --no-bytecode, the venv holds no
+    .pyc (the default's holds one per module), the framework image is another than the
+    default's, and the image still passes the smoke test as its non-root user, which compiles
+    what it imports in memory."""
+    matrix = tmp_path / "plain.yaml"
+    matrix.write_text(NO_BYTECODE_MATRIX)
+    report = tmp_path / "r.json"
+    # Its own cache (and so its own build log): the session's image has the same entry id.
+    state = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVBUILD_DATA_DIR": str(tmp_path / "data")}
+    built = envbuild(
+        "build", "-m", str(matrix), "--base-image", base_image, "--wheelhouse", str(wheelhouse),
+        "--ca-bundle", str(ca_bundle), "--index-url", TEST_INDEX,
+        "--repository", "envbuild-test/plain-{framework}", "--report", str(report), env=state,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert SECRET not in built.stdout + built.stderr
+    (result,) = json.loads(report.read_text())["results"]
+    assert result["status"] == "built"
+    assert result["entry"]["bytecode"] is False
+    assert result["smoke"]["passed"] is True
+    log = Path(result["image"]["log"]).read_text()
+    installers = re.findall(r"python3 /install_env\.py[^\n]*", log)
+    assert installers
+    assert all("--no-bytecode" in line for line in installers), installers
+    assert "envbuild install: 0 files byte-compiled (--no-bytecode)" in log
+    count = "find /opt/venv -name '*.pyc' | wc -l"
+    plain = result["image"]["tags"][0]
+    assert output_of(docker_client, plain, ["sh", "-c", count], network_mode="none") == b"0\n"
+    compiled = output_of(docker_client, IMAGE, ["sh", "-c", count], network_mode="none")
+    assert int(compiled) > 4000
+    # Another framework image and content hash: neither image is ever found for the other.
+    (framework,) = re.findall(r"^Step 1/\d+ : FROM (envbuild/framework:\S+)", log, re.MULTILINE)
+    labels = {ref: docker_client.images.get(ref).labels for ref in (plain, IMAGE)}
+    assert labels[plain]["org.envbuild.content-hash"] != labels[IMAGE]["org.envbuild.content-hash"]
+    default_log = Path(first_build[1]["results"][0]["image"]["log"]).read_text()
+    assert framework not in default_log
