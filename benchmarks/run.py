@@ -10,9 +10,11 @@ It builds real images (a few minutes cold; `--cuda` adds torch 2.4.1+cu121 from 
 median) and prints one table. The cold builds compare the same package set on both sides: the
 hand-written Dockerfiles `+cc` install the compiler envbuild's torch images carry (g++ and
 Python's headers, the packages of templates/partials/python.j2's apt line); those without it
-are the older reference. Every build's output is stamped as it comes, so the table says where
-each cold build's seconds went (each Dockerfile step, the install step's own phases, the layer
-commit). Peak disk is sampled on Docker's data root while each cold build runs, from a floor
+are the older reference. envbuild is built as it is by default, which byte-compiles (as pip
+and `+pyc` do), and with the matrix's `bytecode: false` (as uv does): each is held to the
+hand-written build that does the same work. Every build's output is stamped as it comes, so
+the table says where each cold build's seconds went (each Dockerfile step, the install step's
+own phases, the layer commit). Peak disk is sampled on Docker's data root while each cold build runs, from a floor
 settled after the previous build's images were removed; each cold build starts with the
 kernel's caches dropped (as root), so that none inherits the memory the one before it left.
 Images it makes are labelled org.envbuild.benchmark and removed at the end; the envbuild images
