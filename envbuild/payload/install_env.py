@@ -8,23 +8,26 @@ temporary folder, creates the venv (`python3 -m venv --without-pip`), checks the
 wheels against the lock's hashes itself and runs
 
     uv pip install --python VENV/bin/python --no-deps --no-cache --offline --no-index
-                   --find-links VERIFIED -r LOCAL
+                   --find-links VERIFIED -r LOCAL -r SEEDS
     uv pip install --python VENV/bin/python --require-hashes --no-deps --no-cache
-                   [--find-links WHEELS] -r REST -r SEEDS
+                   [--find-links WHEELS] -r REST
 
 (LOCAL: the pins of which VERIFIED, a folder of links to the wheelhouse's wheels whose sha256 the
 lock gives for them, holds one for this machine, without their hashes; REST: the other pins, with
 theirs; SEEDS: the OS's own pip and setuptools wheels, those the lock does not pin, which
-`python3 -m venv` would have installed; see split_verified), then byte-compiles what those runs
-installed (see Compiler: the first run's files compile while the second downloads)
+`python3 -m venv` would have installed, with their hashes, in the second run when there is no
+first; see split_verified), then byte-compiles what those runs installed (see Compiler: the
+first run's files compile while the second downloads) unless told `--no-bytecode`
 
 with the CA bundle in SSL_CERT_FILE and the indexes in uv's environment variables (never on a
 command line), and removes the temporary folder whatever happens. uv's network limits are set
 here, not left to its defaults: an index that dies fails the install in about a minute, with one
 line naming it, while a slow but steady download never trips them. Usage:
 
-    ENVBUILD_SERVE=http://GATEWAY:PORT/PREFIX/ python3 install_env.py [--only PATTERN] VENV LOCK
-    python3 install_env.py --mounted /run/envbuild [--only PATTERN] VENV LOCK
+    ENVBUILD_SERVE=http://GATEWAY:PORT/PREFIX/ python3 install_env.py [--only PATTERN]
+        [--epoch SECONDS] [--no-bytecode] VENV LOCK
+    python3 install_env.py --mounted /run/envbuild [--only PATTERN] [--epoch SECONDS]
+        [--no-bytecode] VENV LOCK
 
 With BuildKit nothing is served: the install RUN mounts what it needs (MOUNTED_LAYOUT) and
 `--mounted` names where. config.json and ca.crt come as secret mounts (never cached, never in a
@@ -40,6 +43,7 @@ the step after it installs the whole lock, in which uv finds them installed alre
 the same layers: every file and folder the step changed (since the RUN's first process started)
 gets that modification time, before the bytecode is compiled (so each .pyc records it) and again
 at the end (see clamp_times). A layer's digest is the hash of a tar that holds each file's time.
+It walks the whole file system, so it runs only as a build step's /install_env.py (STEP_PATH).
 """
 
 from __future__ import annotations
