@@ -14,9 +14,10 @@ are the older reference. envbuild is built as it is by default, which byte-compi
 and `+pyc` do), and with the matrix's `bytecode: false` (as uv does): each is held to the
 hand-written build that does the same work. Every build's output is stamped as it comes, so
 the table says where each cold build's seconds went (each Dockerfile step, the install step's
-own phases, the layer commit). Peak disk is sampled on Docker's data root while each cold build runs, from a floor
-settled after the previous build's images were removed; each cold build starts with the
-kernel's caches dropped (as root), so that none inherits the memory the one before it left.
+own phases, the layer commit). Peak disk is sampled on Docker's data root while each cold
+build runs, from a floor settled after the previous build's images were removed; each cold
+build starts with the kernel's caches dropped (as root), so that none inherits the memory the
+one before it left.
 Images it makes are labelled org.envbuild.benchmark and removed at the end; the envbuild images
 stay as the build cache.
 """
